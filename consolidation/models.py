@@ -1,0 +1,1 @@
+"""Models of the consolidation app (built by its own issue)."""

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class KinsiteConfig(AppConfig):
+    name = "kinsite"
+    verbose_name = "Kinsite core"

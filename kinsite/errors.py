@@ -1,0 +1,34 @@
+"""Domain errors raised by services for states the caller could not have known.
+The API's exception handler maps each to an HTTP status and the §11 error shape."""
+
+
+class KinsiteError(Exception):
+    code = "error"
+    status = 400
+
+    def __init__(self, message: str, *, details: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+
+class NotFound(KinsiteError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(KinsiteError):
+    code = "conflict"
+    status = 409
+
+
+class InvalidInput(KinsiteError):
+    code = "invalid"
+    status = 400
+
+
+class UpstreamError(KinsiteError):
+    """The LLM endpoint (or another upstream) failed; the API answers 502."""
+
+    code = "upstream_error"
+    status = 502

@@ -1,0 +1,43 @@
+"""GET /healthz: database and broker status, no auth. 200 when both answer, else 503."""
+import time
+
+from django.conf import settings
+from django.db import connection
+from django.http import JsonResponse
+from django.views.decorators.http import require_GET
+
+
+def _check_database() -> dict:
+    started = time.monotonic()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as exc:  # any failure means "down"; the message says why
+        return {"ok": False, "vendor": connection.vendor, "error": str(exc)[:300]}
+    return {"ok": True, "vendor": connection.vendor, "latency_ms": round((time.monotonic() - started) * 1000, 1)}
+
+
+def _check_broker() -> dict:
+    if not settings.REDIS_URL:
+        return {"ok": True, "kind": "eager", "detail": "no REDIS_URL: Celery tasks run in-process"}
+    import redis
+
+    started = time.monotonic()
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.ping()
+    except Exception as exc:
+        return {"ok": False, "kind": "redis", "error": str(exc)[:300]}
+    finally:
+        client.close()
+    return {"ok": True, "kind": "redis", "latency_ms": round((time.monotonic() - started) * 1000, 1)}
+
+
+@require_GET
+def healthz(request):
+    database = _check_database()
+    broker = _check_broker()
+    healthy = database["ok"] and broker["ok"]
+    body = {"status": "ok" if healthy else "unavailable", "database": database, "broker": broker}
+    return JsonResponse(body, status=200 if healthy else 503)

@@ -1,0 +1,103 @@
+"""The one way the rest of Kinsite calls a model: llm_chat() and llm_embed(), each logged as an LLMCall row."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from kinsite.llm.providers import LLMProvider, get_default_provider
+from kinsite.llm.types import ChatResult, Message
+from kinsite.models import LLMCall, Team
+
+if TYPE_CHECKING:
+    from sessions_app.models import Kin
+
+
+def llm_chat(
+    *,
+    purpose: str,
+    messages: list[Message],
+    team: Team | None = None,
+    kin: Kin | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    json_mode: bool = False,
+    model: str | None = None,
+    temperature: float | None = None,
+    provider: LLMProvider | None = None,
+) -> ChatResult:
+    """A chat completion; writes one LLMCall row whether it succeeds or fails, and re-raises failures."""
+    provider = provider or get_default_provider()
+    requested_model = model or (kin.model if kin is not None and kin.model else None)
+    started = time.monotonic()
+    try:
+        result = provider.chat(messages, tools=tools, json_mode=json_mode, model=requested_model, temperature=temperature)
+    except Exception as exc:
+        _log_call(
+            purpose=purpose, kind="chat", provider=provider, model=requested_model or provider.model,
+            team=team, kin=kin, started=started, attempts=getattr(exc, "attempts", 1), error=exc,
+        )
+        raise
+    _log_call(
+        purpose=purpose, kind="chat", provider=provider, model=result.model, team=team, kin=kin, started=started,
+        attempts=result.attempts, tokens_in=result.tokens_in, tokens_out=result.tokens_out,
+    )
+    return result
+
+
+def llm_embed(
+    *,
+    purpose: str,
+    texts: list[str],
+    team: Team | None = None,
+    kin: Kin | None = None,
+    model: str | None = None,
+    provider: LLMProvider | None = None,
+) -> list[list[float]]:
+    """Embeddings for `texts`, in order; logged like llm_chat. kin.model is a chat model, so it is not used here."""
+    provider = provider or get_default_provider()
+    started = time.monotonic()
+    try:
+        result = provider.embed_result(texts, model=model)
+    except Exception as exc:
+        fallback_model = model or getattr(provider, "embedding_model", "") or provider.model
+        _log_call(
+            purpose=purpose, kind="embedding", provider=provider, model=fallback_model, team=team, kin=kin,
+            started=started, attempts=getattr(exc, "attempts", 1), error=exc,
+        )
+        raise
+    _log_call(
+        purpose=purpose, kind="embedding", provider=provider, model=result.model, team=team, kin=kin,
+        started=started, attempts=result.attempts, tokens_in=result.tokens_in,
+    )
+    return result.vectors
+
+
+def _log_call(
+    *,
+    purpose: str,
+    kind: str,
+    provider: LLMProvider,
+    model: str,
+    team: Team | None,
+    kin: Kin | None,
+    started: float,
+    attempts: int,
+    tokens_in: int = 0,
+    tokens_out: int = 0,
+    error: BaseException | None = None,
+) -> LLMCall:
+    # A kin always belongs to a team, so a call made for a kin is counted against that team.
+    team_id = team.pk if team is not None else (kin.team_id if kin is not None else None)
+    return LLMCall.objects.create(
+        team_id=team_id,
+        kin_id=kin.pk if kin is not None else None,
+        purpose=purpose[:50],
+        provider=provider.name[:30],
+        model=(model or "")[:200],
+        kind=kind,
+        tokens_in=tokens_in,
+        tokens_out=tokens_out,
+        latency_ms=round((time.monotonic() - started) * 1000),
+        attempts=attempts,
+        status=LLMCall.Status.ERROR if error is not None else LLMCall.Status.OK,
+        error=(str(error) or type(error).__name__) if error is not None else "",
+    )

@@ -1,0 +1,536 @@
+"""LLM providers: an OpenAI-compatible HTTP client, the offline stand-in, and a scripted one for tests."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Iterator
+from functools import lru_cache
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import httpx
+from django.conf import settings
+
+from kinsite.llm.types import (
+    ChatResult,
+    EmbeddingResult,
+    LLMBadResponse,
+    LLMError,
+    LLMHTTPError,
+    LLMTimeout,
+    Message,
+    ToolCall,
+)
+from kinsite.tokencount import count_tokens
+
+RETRY_AFTER_CAP_SECONDS = 30.0
+# Rate limits and server errors are worth another try; any other 4xx will fail the same way again.
+RETRYABLE_STATUSES = frozenset({429}) | frozenset(range(500, 600))
+
+
+@runtime_checkable
+class LLMProvider(Protocol):
+    name: str
+    model: str  # the default chat model
+    supports_embeddings: bool
+
+    def chat(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        json_mode: bool = False,
+        model: str | None = None,
+        temperature: float | None = None,
+    ) -> ChatResult: ...
+
+    def embed(self, texts: list[str], *, model: str | None = None) -> list[list[float]]: ...
+
+    # embed() plus the usage and attempts the gateway logs.
+    def embed_result(self, texts: list[str], *, model: str | None = None) -> EmbeddingResult: ...
+
+
+# --- helpers shared by the providers ---------------------------------------------------------
+
+
+def estimate_prompt_tokens(messages: list[Message]) -> int:
+    """A usage estimate for endpoints that do not report one."""
+    total = 0
+    for message in messages:
+        total += count_tokens(message.get("content") or "") if isinstance(message.get("content"), str) else 0
+        for call in message.get("tool_calls") or []:
+            total += count_tokens(call.get("function", {}).get("arguments") or "")
+    return total
+
+
+def estimate_reply_tokens(content: str | None, tool_calls: list[ToolCall]) -> int:
+    return count_tokens(content or "") + sum(count_tokens(call.arguments) for call in tool_calls)
+
+
+def normalize_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Accept OpenAI tool dicts or the short {"name", "description", "parameters"} form."""
+    normalized = []
+    for tool in tools:
+        if "function" in tool:
+            normalized.append({"type": "function", **tool})
+        else:
+            normalized.append({"type": "function", "function": tool})
+    return normalized
+
+
+_FENCE = re.compile(r"^\s*```(?:json)?\s*\n(.*?)\n?```\s*$", re.DOTALL)
+
+
+def strip_json_fence(text: str) -> str:
+    # Small local models often wrap JSON answers in ```json fences even in JSON mode.
+    match = _FENCE.match(text)
+    return match.group(1) if match else text
+
+
+def check_json_answer(content: str | None, *, source: str) -> str:
+    """The JSON text of a json_mode answer, or LLMBadResponse when it is not JSON."""
+    text = strip_json_fence(content or "")
+    try:
+        json.loads(text)
+    except ValueError:
+        snippet = (content or "")[:200]
+        raise LLMBadResponse(f"{source} was asked for a JSON answer but replied with text that is not JSON: {snippet!r}")
+    return text
+
+
+# --- OpenAI-compatible HTTP endpoint ---------------------------------------------------------
+
+
+class OpenAICompatibleProvider:
+    """Any endpoint speaking the OpenAI chat/embeddings API (OpenAI, vLLM, Ollama, llama.cpp, LM Studio)."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str = "",
+        model: str,
+        embedding_model: str = "",
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        backoff: float = 1.0,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.embedding_model = embedding_model
+        self.timeout = timeout
+        self.max_retries = max(0, max_retries)  # retries after the first attempt
+        self.backoff = backoff
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        # One client per provider so connections are reused between calls.
+        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout))
+
+    @property
+    def supports_embeddings(self) -> bool:
+        return bool(self.embedding_model)
+
+    def chat(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        json_mode: bool = False,
+        model: str | None = None,
+        temperature: float | None = None,
+    ) -> ChatResult:
+        model = model or self.model
+        payload: dict[str, Any] = {"model": model, "messages": messages}
+        if tools:
+            payload["tools"] = normalize_tools(tools)
+        if json_mode:
+            payload["response_format"] = {"type": "json_object"}
+        if temperature is not None:
+            payload["temperature"] = temperature
+        url = f"{self.base_url}/chat/completions"
+        body, attempts = self._post(url, payload)
+
+        try:
+            choice = body["choices"][0]
+            message = choice["message"]
+            content = message.get("content")
+            tool_calls = [self._parse_tool_call(raw, index) for index, raw in enumerate(message.get("tool_calls") or [])]
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise LLMBadResponse(
+                f"The model endpoint at {url} answered without a usable choice ({exc!r}): {json.dumps(body)[:300]}",
+                attempts=attempts,
+            )
+        if json_mode and not tool_calls:
+            try:
+                content = check_json_answer(content, source=f"The model at {url}")
+            except LLMBadResponse as exc:
+                exc.attempts = attempts
+                raise
+        usage = body.get("usage") or {}
+        return ChatResult(
+            content=content,
+            tool_calls=tool_calls,
+            model=model,
+            tokens_in=_int_or(usage.get("prompt_tokens"), lambda: estimate_prompt_tokens(messages)),
+            tokens_out=_int_or(usage.get("completion_tokens"), lambda: estimate_reply_tokens(content, tool_calls)),
+            finish_reason=choice.get("finish_reason"),
+            raw=body,
+            attempts=attempts,
+        )
+
+    def embed(self, texts: list[str], *, model: str | None = None) -> list[list[float]]:
+        return self.embed_result(texts, model=model).vectors
+
+    def embed_result(self, texts: list[str], *, model: str | None = None) -> EmbeddingResult:
+        model = model or self.embedding_model
+        if not model:
+            raise LLMError("No embedding model is configured: set LLM_EMBEDDING_MODEL to use embeddings.")
+        if not texts:
+            return EmbeddingResult(vectors=[], model=model, tokens_in=0, attempts=0)
+        url = f"{self.base_url}/embeddings"
+        body, attempts = self._post(url, {"model": model, "input": texts})
+        try:
+            rows = sorted(body["data"], key=lambda row: row.get("index", 0))
+            vectors = [[float(x) for x in row["embedding"]] for row in rows]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LLMBadResponse(
+                f"The embeddings endpoint at {url} answered without usable vectors ({exc!r}).", attempts=attempts
+            )
+        if len(vectors) != len(texts):
+            raise LLMBadResponse(
+                f"The embeddings endpoint at {url} returned {len(vectors)} vectors for {len(texts)} texts.",
+                attempts=attempts,
+            )
+        usage = body.get("usage") or {}
+        tokens_in = _int_or(usage.get("prompt_tokens"), lambda: sum(count_tokens(t) for t in texts))
+        return EmbeddingResult(vectors=vectors, model=model, tokens_in=tokens_in, attempts=attempts)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- transport --
+
+    def _post(self, url: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """POST with bounded retries; returns the decoded body and the number of attempts made."""
+        max_attempts = self.max_retries + 1
+        for attempt in range(1, max_attempts + 1):
+            last = attempt == max_attempts
+            try:
+                response = self._client.post(url, json=payload)
+            except httpx.TimeoutException:
+                if last:
+                    raise LLMTimeout(
+                        f"The model endpoint at {url} did not answer within {self.timeout:g} s "
+                        f"({_attempts(attempt)}).",
+                        attempts=attempt,
+                    )
+                self._sleep(self._backoff_delay(attempt))
+                continue
+            except httpx.TransportError as exc:
+                if last:
+                    raise LLMError(
+                        f"Could not reach the model endpoint at {url}: {exc or type(exc).__name__} "
+                        f"({_attempts(attempt)}).",
+                        attempts=attempt,
+                    )
+                self._sleep(self._backoff_delay(attempt))
+                continue
+
+            if response.status_code >= 400:
+                retryable = response.status_code in RETRYABLE_STATUSES
+                if retryable and not last:
+                    self._sleep(self._retry_delay(response, attempt))
+                    continue
+                raise LLMHTTPError(
+                    f"The model endpoint at {url} answered HTTP {response.status_code}: "
+                    f"{_error_text(response)} ({_attempts(attempt)}).",
+                    status_code=response.status_code,
+                    attempts=attempt,
+                )
+            try:
+                body = response.json()
+            except ValueError:
+                raise LLMBadResponse(
+                    f"The model endpoint at {url} answered with a body that is not JSON: {response.text[:200]!r}",
+                    attempts=attempt,
+                )
+            if not isinstance(body, dict):
+                raise LLMBadResponse(
+                    f"The model endpoint at {url} answered with JSON that is not an object: {response.text[:200]!r}",
+                    attempts=attempt,
+                )
+            return body, attempt
+        raise AssertionError("unreachable: the loop returns or raises on its last attempt")
+
+    def _backoff_delay(self, attempt: int) -> float:
+        return self.backoff * (2 ** (attempt - 1))
+
+    def _retry_delay(self, response: httpx.Response, attempt: int) -> float:
+        retry_after = response.headers.get("Retry-After")
+        if retry_after:
+            try:
+                return min(max(float(retry_after), 0.0), RETRY_AFTER_CAP_SECONDS)
+            except ValueError:
+                pass  # an HTTP-date: fall back to our own backoff rather than parse dates
+        return self._backoff_delay(attempt)
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def _parse_tool_call(self, raw: dict[str, Any], index: int) -> ToolCall:
+        function = raw["function"]
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            # Some servers send the arguments as an object instead of a JSON string.
+            arguments = json.dumps(arguments if arguments is not None else {})
+        return ToolCall(id=raw.get("id") or f"call_{index}", name=function["name"], arguments=arguments)
+
+
+def _int_or(value: Any, estimate) -> int:
+    return value if isinstance(value, int) and value >= 0 else estimate()
+
+
+def _attempts(count: int) -> str:
+    return f"{count} attempt" if count == 1 else f"{count} attempts"
+
+
+def _error_text(response: httpx.Response) -> str:
+    """The endpoint's own error message: OpenAI's {"error": {"message"}} or whatever text it sent."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:500] or response.reason_phrase
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:500]
+        if isinstance(error, str):
+            return error[:500]
+        if body.get("detail"):
+            return str(body["detail"])[:500]
+        if body.get("message"):
+            return str(body["message"])[:500]
+    return response.text.strip()[:500]
+
+
+# --- offline stand-in ------------------------------------------------------------------------
+
+OFFLINE_MESSAGE = (
+    "No language model is configured for this Kinsite (LLM_BASE_URL is empty), so this is a "
+    "placeholder, not a model's answer. Set LLM_BASE_URL (and LLM_API_KEY, LLM_MODEL) to an "
+    "OpenAI-compatible endpoint to get real replies."
+)
+
+
+class OfflineProvider:
+    """Answers when no endpoint is configured, saying so plainly instead of pretending to think."""
+
+    name = "offline"
+    model = "offline"
+    supports_embeddings = False
+
+    def chat(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        json_mode: bool = False,
+        model: str | None = None,
+        temperature: float | None = None,
+    ) -> ChatResult:
+        content = json.dumps({"error": OFFLINE_MESSAGE}) if json_mode else OFFLINE_MESSAGE
+        return ChatResult(
+            content=content,
+            tool_calls=[],
+            model=self.model,
+            tokens_in=0,
+            tokens_out=0,
+            finish_reason="stop",
+            raw={},
+            attempts=0,  # nothing was sent anywhere
+        )
+
+    def embed(self, texts: list[str], *, model: str | None = None) -> list[list[float]]:
+        return self.embed_result(texts, model=model).vectors
+
+    def embed_result(self, texts: list[str], *, model: str | None = None) -> EmbeddingResult:
+        raise LLMError(
+            "No embedding model is configured (LLM_BASE_URL is empty), so texts cannot be embedded. "
+            "Set LLM_BASE_URL and LLM_EMBEDDING_MODEL to an OpenAI-compatible endpoint.",
+            attempts=0,
+        )
+
+
+# --- scripted, for unit tests ----------------------------------------------------------------
+
+
+class RecordedCall(NamedTuple):
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    json_mode: bool
+    model: str | None
+
+
+class ScriptExhausted(LLMError, AssertionError):
+    """The code under test made more model calls than the test scripted."""
+
+
+ScriptItem = str | ChatResult | dict[str, Any] | BaseException
+EMBEDDING_DIMENSIONS = 64
+
+
+class ScriptedProvider:
+    """Replays a list of replies in order and records each call; never touches the network.
+
+    Items: a str (plain reply), a ChatResult (returned as is), a dict
+    {"tool_calls": [{"name", "arguments": {...}}], "content": optional}, or an
+    exception instance (raised). In json_mode a str reply must be JSON, as with a real endpoint.
+    """
+
+    name = "scripted"
+    supports_embeddings = True
+
+    def __init__(self, script: list[ScriptItem] | None = None, *, model: str = "scripted-model"):
+        self.script: list[ScriptItem] = list(script or [])
+        self.model = model
+        self.calls: list[RecordedCall] = []
+        self.embed_calls: list[list[str]] = []
+
+    def add(self, *items: ScriptItem) -> None:
+        self.script.extend(items)
+
+    def chat(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        json_mode: bool = False,
+        model: str | None = None,
+        temperature: float | None = None,
+    ) -> ChatResult:
+        # Deep copies: callers keep appending to their message list after the call.
+        self.calls.append(RecordedCall(copy.deepcopy(messages), copy.deepcopy(tools), json_mode, model))
+        if not self.script:
+            raise ScriptExhausted(
+                f"ScriptedProvider ran out of replies at call {len(self.calls)}: the code under test "
+                f"made more model calls than the test scripted. Last message: {_last_content(messages)!r}"
+            )
+        item = self.script.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        model = model or self.model
+        if isinstance(item, ChatResult):
+            return item
+        if isinstance(item, str):
+            content: str | None = check_json_answer(item, source="ScriptedProvider") if json_mode else item
+            tool_calls: list[ToolCall] = []
+        elif isinstance(item, dict):
+            content = item.get("content")
+            tool_calls = [
+                ToolCall(
+                    id=call.get("id") or f"call_{len(self.calls)}_{index}",
+                    name=call["name"],
+                    arguments=call["arguments"] if isinstance(call.get("arguments"), str)
+                    else json.dumps(call.get("arguments") or {}),
+                )
+                for index, call in enumerate(item.get("tool_calls") or [])
+            ]
+        else:
+            raise TypeError(f"ScriptedProvider cannot replay a {type(item).__name__}: {item!r}")
+        return ChatResult(
+            content=content,
+            tool_calls=tool_calls,
+            model=model,
+            tokens_in=estimate_prompt_tokens(messages),
+            tokens_out=estimate_reply_tokens(content, tool_calls),
+            finish_reason="tool_calls" if tool_calls else "stop",
+            raw={"scripted": True},
+            attempts=1,
+        )
+
+    def embed(self, texts: list[str], *, model: str | None = None) -> list[list[float]]:
+        return self.embed_result(texts, model=model).vectors
+
+    def embed_result(self, texts: list[str], *, model: str | None = None) -> EmbeddingResult:
+        self.embed_calls.append(list(texts))
+        return EmbeddingResult(
+            vectors=[hashed_bag_of_words(text) for text in texts],
+            model=model or "scripted-embedding",
+            tokens_in=sum(count_tokens(text) for text in texts),
+            attempts=1,
+        )
+
+
+def hashed_bag_of_words(text: str, dimensions: int = EMBEDDING_DIMENSIONS) -> list[float]:
+    """A deterministic unit vector where texts sharing words point the same way."""
+    vector = [0.0] * dimensions
+    for word in re.findall(r"\w+", text.lower()):
+        digest = hashlib.md5(word.encode()).digest()
+        vector[int.from_bytes(digest[:4], "big") % dimensions] += 1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    return [x / norm for x in vector] if norm else vector
+
+
+def _last_content(messages: list[Message]) -> str:
+    return str(messages[-1].get("content") or "")[:200] if messages else ""
+
+
+# --- choosing the provider -------------------------------------------------------------------
+
+_override: LLMProvider | None = None
+
+
+@contextlib.contextmanager
+def provider_override(provider: LLMProvider) -> Iterator[LLMProvider]:
+    """Point every gateway call that does not pass `provider=` at this one (for tests).
+
+    A module global rather than a context variable on purpose: threads the test
+    starts (a live server, eager tasks) must see the override too.
+    """
+    global _override
+    previous = _override
+    _override = provider
+    try:
+        yield provider
+    finally:
+        _override = previous
+
+
+def get_default_provider() -> LLMProvider:
+    if _override is not None:
+        return _override
+    if not settings.LLM_BASE_URL:
+        return OfflineProvider()
+    return _openai_provider(
+        settings.LLM_BASE_URL,
+        settings.LLM_API_KEY,
+        settings.LLM_MODEL,
+        settings.LLM_EMBEDDING_MODEL,
+        settings.LLM_TIMEOUT_SECONDS,
+        settings.LLM_MAX_RETRIES,
+        settings.LLM_RETRY_BACKOFF_SECONDS,
+    )
+
+
+# Cached by the settings values, so connections are pooled across calls while
+# override_settings in tests still gets a provider matching the new values.
+@lru_cache(maxsize=8)
+def _openai_provider(
+    base_url: str, api_key: str, model: str, embedding_model: str, timeout: float, max_retries: int, backoff: float
+) -> OpenAICompatibleProvider:
+    return OpenAICompatibleProvider(
+        base_url=base_url,
+        api_key=api_key,
+        model=model,
+        embedding_model=embedding_model,
+        timeout=timeout,
+        max_retries=max_retries,
+        backoff=backoff,
+    )

@@ -1,0 +1,75 @@
+"""python manage.py create_demo: demo team, user, kin, session and messages.
+Idempotent (a second run reuses the rows); the last line of output is one JSON
+object with a freshly issued API token, for scripts."""
+import json
+
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from kinsite.models import Team
+from kinsite.services import api_token_issue, demo_user_ensure, membership_ensure, team_create
+from sessions_app.models import Kin, Session
+from sessions_app.services import ImportItem, kin_create, messages_import, session_create
+
+DEMO_TEAM_SLUG = "demo"
+DEMO_USERNAME = "demo"
+DEMO_PASSWORD = "kinsite-demo"
+DEMO_KIN_NAME = "Ada"
+DEMO_SESSION_TITLE = "Welcome chat"
+
+DEMO_MESSAGES = [
+    ("Maria", "user", "Hi Ada! I'm Maria, I run the data team at Northwind."),
+    ("Ada", "assistant", "Hello Maria, nice to meet you. What are you working on?"),
+    ("Maria", "user", "We are cleaning the customer CSV exports before the quarterly report."),
+    ("Ada", "assistant", "Got it. Do you deduplicate by email or by customer id?"),
+    ("Maria", "user", "By customer id. Emails change too often. Also, please keep answers short."),
+    ("Ada", "assistant", "Noted: deduplicate by customer id, and short answers."),
+]
+
+
+class Command(BaseCommand):
+    help = "Create (or reuse) the demo team, user, kin and session, and print a fresh API token as JSON."
+
+    @transaction.atomic
+    def handle(self, *args, **options):
+        user = demo_user_ensure(username=DEMO_USERNAME, password=DEMO_PASSWORD)
+        team = Team.objects.filter(slug=DEMO_TEAM_SLUG).first()
+        if team is None:
+            team = team_create(name="Demo team", slug=DEMO_TEAM_SLUG)
+        membership_ensure(team=team, user=user, role="owner")
+
+        kin = Kin.objects.filter(team=team, name=DEMO_KIN_NAME).first()
+        if kin is None:
+            kin = kin_create(
+                team=team,
+                name=DEMO_KIN_NAME,
+                role="Data assistant",
+                character="Calm, precise, brief.",
+                expertise="Data cleaning, CSV workflows, reporting.",
+            )
+        session = Session.objects.filter(kin=kin, title=DEMO_SESSION_TITLE).first()
+        if session is None:
+            session = session_create(kin=kin, title=DEMO_SESSION_TITLE)
+        messages_import(
+            session=session,
+            items=[
+                ImportItem(content=text, sender=sender, role=role, platform="web", external_id=f"demo-{index}")
+                for index, (sender, role, text) in enumerate(DEMO_MESSAGES, start=1)
+            ],
+        )
+        _, raw_token = api_token_issue(team=team, name="create_demo", user=user)
+        self.stdout.write(f"Demo team {team.slug!r}, kin {kin.name!r} (id {kin.pk}), session {session.pk}.")
+        self.stdout.write(
+            json.dumps(
+                {
+                    "token": raw_token,
+                    "team": team.slug,
+                    "kin_id": kin.pk,
+                    "session_id": session.pk,
+                    # The workflows app arrives with its own issue; until then there is none.
+                    "workflow_id": None,
+                    "dashboard_user": DEMO_USERNAME,
+                    "dashboard_password": DEMO_PASSWORD,
+                }
+            )
+        )

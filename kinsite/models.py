@@ -1,0 +1,90 @@
+"""Teams, memberships, API tokens and the LLM call log."""
+from django.conf import settings
+from django.db import models
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100, unique=True)
+    # IANA name; nightly jobs and the prompt's context block use it.
+    timezone = models.CharField(max_length=64, default="UTC")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        ADMIN = "admin"
+        MEMBER = "member"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="membership_unique_team_user")]
+
+    def __str__(self):
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class ApiToken(models.Model):
+    """A bearer token. Only its SHA-256 digest is stored; the raw token is shown once."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="api_tokens")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    # The first characters of the raw token, to tell tokens apart in lists.
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class LLMCall(models.Model):
+    """One call to a model endpoint: an append-only audit row."""
+
+    class Status(models.TextChoices):
+        OK = "ok"
+        ERROR = "error"
+
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    kin = models.ForeignKey("sessions_app.Kin", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    purpose = models.CharField(max_length=50)
+    provider = models.CharField(max_length=30)
+    model = models.CharField(max_length=200)
+    kind = models.CharField(max_length=20, default="chat")  # chat | embedding
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    latency_ms = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveSmallIntegerField(default=1)
+    status = models.CharField(max_length=10, choices=Status.choices)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "LLM call"
+
+    def __str__(self):
+        return f"{self.purpose} {self.model} {self.status}"

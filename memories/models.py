@@ -1,0 +1,1 @@
+"""Models of the memories app (built by its own issue)."""

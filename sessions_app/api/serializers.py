@@ -1,0 +1,133 @@
+"""Serializers for kins, sessions, messages, imports and history search."""
+from django.conf import settings
+from rest_framework import serializers
+
+from sessions_app.models import Event, Kin, Session
+
+
+class KinSerializer(serializers.ModelSerializer):
+    parent = serializers.PrimaryKeyRelatedField(queryset=Kin.objects.none(), required=False, allow_null=True)
+    history_token_budget = serializers.IntegerField(required=False, allow_null=True, min_value=1000, max_value=2_000_000)
+
+    class Meta:
+        model = Kin
+        fields = [
+            "id",
+            "name",
+            "role",
+            "character",
+            "expertise",
+            "model",
+            "history_token_budget",
+            "parent",
+            "spawn_reason",
+            "overrides",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["id", "created_at", "updated_at"]
+
+    def __init__(self, *args, team=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if team is not None:
+            # A parent must be a kin of the caller's team; others look like unknown ids.
+            self.fields["parent"].queryset = Kin.objects.filter(team=team)
+
+    def validate_name(self, value):
+        if not value.strip():
+            raise serializers.ValidationError("Name must not be blank.")
+        return value.strip()
+
+    def validate_overrides(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Must be a JSON object.")
+        return value
+
+    def validate(self, attrs):
+        parent = attrs.get("parent")
+        if parent is not None and self.instance is not None and parent.pk == self.instance.pk:
+            raise serializers.ValidationError({"parent": "A kin cannot be its own parent."})
+        return attrs
+
+
+class SessionSerializer(serializers.ModelSerializer):
+    kin = serializers.PrimaryKeyRelatedField(read_only=True)
+    message_count = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Session
+        fields = [
+            "id",
+            "kin",
+            "title",
+            "description",
+            "working_memory",
+            "message_count",
+            "created_at",
+            "updated_at",
+            "last_activity_at",
+        ]
+        read_only_fields = [
+            "id",
+            "kin",
+            "description",
+            "working_memory",
+            "created_at",
+            "updated_at",
+            "last_activity_at",
+        ]
+
+    def get_message_count(self, session) -> int:
+        return session.events.filter(kind=Event.Kind.MESSAGE).count()
+
+
+class MessageSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Event
+        fields = ["id", "session", "role", "content", "sender", "platform", "external_id", "token_count", "created_at"]
+        read_only_fields = fields
+
+
+def _content_field():
+    return serializers.CharField(max_length=settings.MESSAGE_MAX_CHARS, allow_blank=False, trim_whitespace=False)
+
+
+class ImportMessageSerializer(serializers.Serializer):
+    content = _content_field()
+    sender = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    platform = serializers.ChoiceField(choices=Event.Platform.choices, required=False, default=Event.Platform.API)
+    role = serializers.ChoiceField(
+        choices=[Event.Role.USER, Event.Role.ASSISTANT], required=False, default=Event.Role.USER
+    )
+    created_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    external_id = serializers.CharField(max_length=200, required=False, allow_null=True, allow_blank=False, default=None)
+
+    def validate_content(self, value):
+        if not value.strip():
+            raise serializers.ValidationError("Message content must not be blank.")
+        return value
+
+
+class ImportSerializer(serializers.Serializer):
+    messages = ImportMessageSerializer(many=True, allow_empty=False, max_length=settings.IMPORT_MAX_MESSAGES)
+
+
+class ImportResultSerializer(serializers.Serializer):
+    created = serializers.IntegerField()
+    skipped = serializers.IntegerField()
+
+
+class HistorySearchQuerySerializer(serializers.Serializer):
+    q = serializers.CharField(max_length=settings.SEARCH_MAX_QUERY_CHARS, allow_blank=True, trim_whitespace=True)
+    limit = serializers.IntegerField(
+        required=False, min_value=1, max_value=settings.SEARCH_MAX_LIMIT, default=settings.SEARCH_DEFAULT_LIMIT
+    )
+
+
+class HistoryHitSerializer(serializers.ModelSerializer):
+    score = serializers.FloatField()
+
+    class Meta:
+        model = Event
+        fields = ["id", "session", "external_id", "sender", "role", "platform", "created_at", "content", "score"]
+        read_only_fields = fields

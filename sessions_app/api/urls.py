@@ -1,0 +1,25 @@
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from sessions_app.api import views
+
+router = SimpleRouter()
+router.register("kins", views.KinViewSet, basename="kin")
+router.register("sessions", views.SessionViewSet, basename="session")
+
+urlpatterns = [
+    path("kins/<int:kin_id>/sessions/", views.KinSessionCreateView.as_view(), name="kin-session-create"),
+    path("kins/<int:kin_id>/history/search/", views.KinHistorySearchView.as_view(), name="kin-history-search"),
+    path("sessions/<int:session_id>/messages/", views.SessionMessageListView.as_view(), name="session-messages"),
+    path(
+        "sessions/<int:session_id>/messages/import/",
+        views.SessionMessageImportView.as_view(),
+        name="session-messages-import",
+    ),
+    path(
+        "sessions/<int:session_id>/history/search/",
+        views.SessionHistorySearchView.as_view(),
+        name="session-history-search",
+    ),
+    *router.urls,
+]

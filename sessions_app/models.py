@@ -1,0 +1,107 @@
+"""Kins, their sessions, and each session's event store (messages, tool calls,
+commands, introspection and compaction markers)."""
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Kin(models.Model):
+    team = models.ForeignKey("kinsite.Team", on_delete=models.CASCADE, related_name="kins")
+    name = models.CharField(max_length=100)
+    role = models.CharField(max_length=200, blank=True)
+    character = models.TextField(blank=True)
+    expertise = models.TextField(blank=True)
+    # Empty: the gateway's default model (LLM_MODEL).
+    model = models.CharField(max_length=200, blank=True)
+    # Empty: HISTORY_TOKEN_BUDGET.
+    history_token_budget = models.PositiveIntegerField(null=True, blank=True)
+    # A sub-kin names the kin that spawned it and why.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    spawn_reason = models.TextField(blank=True)
+    # Per-kin overrides of settings such as INTROSPECTION (later issues read it).
+    overrides = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def effective_history_budget(self) -> int:
+        return self.history_token_budget or settings.HISTORY_TOKEN_BUDGET
+
+
+class Session(models.Model):
+    kin = models.ForeignKey(Kin, on_delete=models.CASCADE, related_name="sessions")
+    title = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    working_memory = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    last_activity_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return self.title or f"Session {self.pk}"
+
+
+class Event(models.Model):
+    """One entry in a session's event store. Messages are events of kind
+    `message`; nothing here is ever deleted (compaction only marks ranges)."""
+
+    class Kind(models.TextChoices):
+        MESSAGE = "message"
+        TOOL_CALL = "tool_call"
+        TOOL_RESULT = "tool_result"
+        COMMAND = "command"
+        INTROSPECTION_START = "introspection_start"
+        INTROSPECTION_END = "introspection_end"
+        COMPACTION = "compaction"
+
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+        SYSTEM = "system"
+        TOOL = "tool"
+
+    class Platform(models.TextChoices):
+        WEB = "web"
+        TELEGRAM = "telegram"
+        DISCORD = "discord"
+        SLACK = "slack"
+        WHATSAPP = "whatsapp"
+        API = "api"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=24, choices=Kind.choices, default=Kind.MESSAGE)
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.USER)
+    content = models.TextField(blank=True)
+    sender = models.CharField(max_length=200, blank=True)
+    platform = models.CharField(max_length=16, choices=Platform.choices, default=Platform.API)
+    # The client's own id for the message; unique per session, so imports are idempotent.
+    external_id = models.CharField(max_length=200, null=True, blank=True)
+    # tiktoken count of `content`, computed when the row is written.
+    token_count = models.PositiveIntegerField(default=0)
+    # Kind-specific structure: tool name and arguments, command name, covered ranges…
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["session", "created_at", "id"], name="event_session_time")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session", "external_id"],
+                condition=Q(external_id__isnull=False),
+                name="event_unique_external_id",
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.kind} #{self.pk}"

@@ -1,0 +1,1 @@
+"""Models of the workflows app (built by its own issue)."""
