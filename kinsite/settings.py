@@ -137,6 +137,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"MessageRoleEnum": "sessions_app.models.Event.Role"},
 }
 
 # --- Kinsite --------------------------------------------------------------------
