@@ -29,7 +29,9 @@ def llm_chat(
     requested_model = model or (kin.model if kin is not None and kin.model else None)
     started = time.monotonic()
     try:
-        result = provider.chat(messages, tools=tools, json_mode=json_mode, model=requested_model, temperature=temperature)
+        result = provider.chat(
+            messages, tools=tools, json_mode=json_mode, model=requested_model, temperature=temperature
+        )
     except Exception as exc:
         _log_call(
             purpose=purpose, kind="chat", provider=provider, model=requested_model or provider.model,

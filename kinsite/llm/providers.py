@@ -98,7 +98,9 @@ def check_json_answer(content: str | None, *, source: str) -> str:
         json.loads(text)
     except ValueError:
         snippet = (content or "")[:200]
-        raise LLMBadResponse(f"{source} was asked for a JSON answer but replied with text that is not JSON: {snippet!r}")
+        raise LLMBadResponse(
+            f"{source} was asked for a JSON answer but replied with text that is not JSON: {snippet!r}"
+        )
     return text
 
 
@@ -161,7 +163,8 @@ class OpenAICompatibleProvider:
             choice = body["choices"][0]
             message = choice["message"]
             content = message.get("content")
-            tool_calls = [self._parse_tool_call(raw, index) for index, raw in enumerate(message.get("tool_calls") or [])]
+            raw_calls = message.get("tool_calls") or []
+            tool_calls = [self._parse_tool_call(raw, index) for index, raw in enumerate(raw_calls)]
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise LLMBadResponse(
                 f"The model endpoint at {url} answered without a usable choice ({exc!r}): {json.dumps(body)[:300]}",

@@ -1,0 +1,1 @@
+"""Shared test helpers that are not fixtures: the fake OpenAI-compatible server."""
