@@ -1,1 +1,20 @@
-urlpatterns = []
+"""Dashboard URLs: login/logout (un-namespaced, as settings name them) and the
+pages under the "dashboard" namespace. A new page adds one path to `pages`."""
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from kinsite import views
+
+pages = [
+    path("", views.home, name="home"),
+    path("kins/", views.kin_list, name="kins"),
+    path("kins/<int:kin_id>/", views.kin_detail, name="kin_detail"),
+    path("sessions/<int:session_id>/", views.session_detail, name="session_detail"),
+]
+
+urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    # Django's LogoutView only accepts POST; base.html posts a small form with the CSRF token.
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include((pages, "dashboard"))),
+]

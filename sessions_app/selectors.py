@@ -1,5 +1,6 @@
 """Reads for kins, sessions and the event store, all scoped to a team."""
 from django.db import connection
+from django.db.models import Count, Max, Q
 from django.shortcuts import get_object_or_404
 
 from kinsite.models import Team
@@ -84,3 +85,24 @@ def _search_sqlite(terms, scope_sql, scope_param, limit):
     with connection.cursor() as cursor:
         cursor.execute(sql, [fts5_match_expression(terms), scope_param, limit])
         return cursor.fetchall()
+
+
+def kin_list_with_stats(*, team: Team, name_query: str = ""):
+    """The team's kins, each with `session_count` and `last_activity_at` (None
+    without sessions), optionally filtered by a case-insensitive name fragment."""
+    qs = kin_list(team=team)
+    if name_query:
+        qs = qs.filter(name__icontains=name_query)
+    return qs.annotate(
+        session_count=Count("sessions"),
+        last_activity_at=Max("sessions__last_activity_at"),
+    ).order_by("name", "id")
+
+
+def session_list_with_counts(*, team: Team, kin: Kin):
+    """A kin's sessions, most recently active first, each with `message_count`."""
+    return (
+        session_list(team=team, kin=kin)
+        .annotate(message_count=Count("events", filter=Q(events__kind=Event.Kind.MESSAGE)))
+        .order_by("-last_activity_at", "-id")
+    )

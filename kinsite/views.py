@@ -1,0 +1,70 @@
+"""Dashboard pages: the team's kins, a kin, a session. Every read goes through a
+selector scoped to the signed-in user's team; other teams' objects answer 404."""
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.shortcuts import redirect, render
+from django.utils.cache import patch_vary_headers
+
+from kinsite.selectors import team_for_user
+from sessions_app import selectors as sessions
+
+MESSAGES_PER_PAGE = 50
+SEARCH_MAX_CHARS = 100
+
+
+def team_required(view):
+    """login_required, plus the user's team as `request.team`. A user who
+    belongs to no team gets a page saying so instead of the view."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        request.team = team_for_user(user=request.user)
+        if request.team is None:
+            return render(request, "base.html", {"no_team": True})
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _wants_partial(request) -> bool:
+    # htmx restoring a page from history after a cache miss needs the full page.
+    return bool(request.htmx) and not request.htmx.history_restore_request
+
+
+@login_required
+def home(request):
+    return redirect("dashboard:kins")
+
+
+@team_required
+def kin_list(request):
+    name_query = request.GET.get("q", "").strip()[:SEARCH_MAX_CHARS]
+    kins = sessions.kin_list_with_stats(team=request.team, name_query=name_query)
+    context = {"kins": kins, "q": name_query}
+    template = "dashboard/_kin_rows.html" if _wants_partial(request) else "dashboard/kins.html"
+    response = render(request, template, context)
+    # The same URL answers a partial or a full page; caches must keep them apart.
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+@team_required
+def kin_detail(request, kin_id: int):
+    kin = sessions.kin_get(team=request.team, kin_id=kin_id)
+    chat_sessions = sessions.session_list_with_counts(team=request.team, kin=kin)
+    return render(request, "dashboard/kin_detail.html", {"kin": kin, "chat_sessions": chat_sessions})
+
+
+@team_required
+def session_detail(request, session_id: int):
+    chat_session = sessions.session_get(team=request.team, session_id=session_id)
+    messages = sessions.message_list(session=chat_session).order_by("created_at", "id")
+    page = Paginator(messages, MESSAGES_PER_PAGE).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "dashboard/session_detail.html",
+        {"chat_session": chat_session, "kin": chat_session.kin, "page": page},
+    )
