@@ -10,6 +10,8 @@ pages = [
     path("kins/", views.kin_list, name="kins"),
     path("kins/<int:kin_id>/", views.kin_detail, name="kin_detail"),
     path("sessions/<int:session_id>/", views.session_detail, name="session_detail"),
+    path("tokens/", views.token_list, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
 ]
 
 urlpatterns = [

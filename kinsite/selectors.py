@@ -1,5 +1,5 @@
 """Reads for teams and tokens."""
-from kinsite.models import ApiToken, Team
+from kinsite.models import ApiToken, Membership, Team
 from kinsite.services import token_digest
 
 
@@ -15,3 +15,11 @@ def team_for_user(*, user) -> Team | None:
     if not user.is_authenticated:
         return None
     return Team.objects.filter(memberships__user=user).order_by("memberships__created_at").first()
+
+
+def membership_role(*, team: Team, user) -> str | None:
+    return Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+
+
+def api_token_list(*, team: Team):
+    return ApiToken.objects.filter(team=team).select_related("user")

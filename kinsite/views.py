@@ -4,10 +4,14 @@ from functools import wraps
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.shortcuts import redirect, render
+from django.http import HttpResponseForbidden
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 from django.utils.cache import patch_vary_headers
 
-from kinsite.selectors import team_for_user
+from kinsite.models import Membership
+from kinsite.selectors import api_token_list, membership_role, team_for_user
+from kinsite.services import api_token_issue, api_token_revoke
 from sessions_app import selectors as sessions
 
 MESSAGES_PER_PAGE = 50
@@ -68,3 +72,41 @@ def session_detail(request, session_id: int):
         "dashboard/session_detail.html",
         {"chat_session": chat_session, "kin": chat_session.kin, "page": page},
     )
+
+
+TOKEN_MANAGER_ROLES = {Membership.Role.OWNER, Membership.Role.ADMIN}
+TOKEN_NAME_MAX_CHARS = 100
+
+
+def _can_manage_tokens(request) -> bool:
+    return membership_role(team=request.team, user=request.user) in TOKEN_MANAGER_ROLES
+
+
+@team_required
+def token_list(request):
+    """The team's API tokens. Owners and admins issue and revoke them; a new
+    token's raw value is shown on this response only and never again."""
+    context = {"can_manage": _can_manage_tokens(request), "new_token": None, "error": ""}
+    if request.method == "POST":
+        if not context["can_manage"]:
+            return HttpResponseForbidden("Only team owners and admins can issue tokens.")
+        name = request.POST.get("name", "").strip()
+        if not name:
+            context["error"] = "Give the token a name, so you can recognise it later."
+        elif len(name) > TOKEN_NAME_MAX_CHARS:
+            context["error"] = f"The name can be at most {TOKEN_NAME_MAX_CHARS} characters."
+        else:
+            token, raw = api_token_issue(team=request.team, name=name, user=request.user)
+            context["new_token"] = {"row": token, "raw": raw}
+    context["tokens"] = api_token_list(team=request.team)
+    return render(request, "dashboard/tokens.html", context, status=400 if context["error"] else 200)
+
+
+@require_POST
+@team_required
+def token_revoke(request, token_id: int):
+    if not _can_manage_tokens(request):
+        return HttpResponseForbidden("Only team owners and admins can revoke tokens.")
+    token = get_object_or_404(api_token_list(team=request.team), pk=token_id)
+    api_token_revoke(token=token)
+    return redirect("dashboard:tokens")
