@@ -1,0 +1,84 @@
+"""The README's run command on the embedded defaults: migrate, create_demo, runserver
+(scripts/serve minus the venv step) in a fresh data directory, checked over HTTP."""
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def embedded_env(data_dir: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "LLM_BASE_URL"}}
+    env.update(KINSITE_DATA_DIR=str(data_dir), DEBUG="true", DJANGO_SETTINGS_MODULE="kinsite.settings")
+    return env
+
+
+def manage(*args, env) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.sqlite
+def test_run_command_serves_dashboard_and_healthz_with_demo_data(tmp_path):
+    env = embedded_env(tmp_path)
+    manage("migrate", "--no-input", "-v", "0", env=env)
+    first = json.loads(manage("create_demo", env=env).strip().splitlines()[-1])
+    second = json.loads(manage("create_demo", env=env).strip().splitlines()[-1])
+    assert set(first) == {"token", "team", "kin_id", "session_id", "workflow_id", "dashboard_user", "dashboard_password"}
+    # Idempotent: the same rows, a fresh token each time.
+    assert (first["kin_id"], first["session_id"]) == (second["kin_id"], second["session_id"])
+    assert first["token"] != second["token"]
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                health = httpx.get(f"{base}/healthz", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "runserver did not start"
+                time.sleep(0.2)
+        assert health.status_code == 200
+        assert health.json()["database"]["vendor"] == "sqlite"
+
+        with httpx.Client(base_url=base, follow_redirects=True, timeout=10) as browser:
+            login_page = browser.get("/login/")
+            csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text).group(1)
+            kins_page = browser.post(
+                "/login/",
+                data={"username": first["dashboard_user"], "password": first["dashboard_password"],
+                      "csrfmiddlewaretoken": csrf},
+            )
+            assert kins_page.status_code == 200
+            assert "Ada" in kins_page.text
+            assert browser.get("/static/kinsite/dashboard.css").status_code == 200
+
+        kins = httpx.get(f"{base}/api/v1/kins/", headers={"Authorization": f"Bearer {second['token']}"})
+        assert kins.status_code == 200
+        assert [k["id"] for k in kins.json()["results"]] == [first["kin_id"]]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
