@@ -40,9 +40,9 @@ def history_search(*, query: str, limit: int, session: Session | None = None, ki
     if not terms:
         return []
     if session is not None:
-        scope_sql, scope_param = "e.session_id = %s", session.pk
+        scope_sql, scope_param = "e.session_id = %(scope)s", session.pk
     else:
-        scope_sql = "e.session_id IN (SELECT id FROM sessions_app_session WHERE kin_id = %s)"
+        scope_sql = "e.session_id IN (SELECT id FROM sessions_app_session WHERE kin_id = %(scope)s)"
         scope_param = kin.pk
     if connection.vendor == "postgresql":
         ranked = _search_postgresql(terms, scope_sql, scope_param, limit)
@@ -57,17 +57,67 @@ def history_search(*, query: str, limit: int, session: Session | None = None, ki
     return hits
 
 
+# BM25 parameters, the usual defaults (SQLite's FTS5 bm25() uses the same).
+BM25_K1 = 1.2
+BM25_B = 0.75
+# A match in the sender name counts half a match in the content (as on SQLite).
+SENDER_WEIGHT = 0.5
+
+
 def _search_postgresql(terms, scope_sql, scope_param, limit):
-    # search_tsv is a stored generated column with a partial GIN index (migration 0002).
+    """BM25 over the stored tsvector (migration 0002: search_tsv, content weighted A,
+    sender B, with a partial GIN index). ts_rank has no inverse document frequency,
+    so the score is computed here: candidates come from the GIN index, term
+    frequencies from the tsvector's positions, document frequencies and the
+    average length from the search scope."""
     sql = f"""
-        SELECT e.id, ts_rank(e.search_tsv, q, 1) AS score
-        FROM sessions_app_event e, to_tsquery('english', %s) q
-        WHERE e.kind = 'message' AND e.search_tsv @@ q AND {scope_sql}
-        ORDER BY score DESC, e.id
-        LIMIT %s
+        WITH query_lexemes AS (
+            SELECT lexeme FROM unnest(to_tsvector('english', %(text)s))
+        ),
+        candidates AS (
+            SELECT e.id, e.search_tsv, length(e.search_tsv) AS doc_length
+            FROM sessions_app_event e
+            WHERE e.kind = 'message' AND e.search_tsv @@ to_tsquery('english', %(tsquery)s) AND {scope_sql}
+        ),
+        matches AS (
+            SELECT c.id, c.doc_length, v.lexeme,
+                   (SELECT sum(CASE WHEN w = 'A' THEN 1.0 ELSE %(sender_weight)s END) FROM unnest(v.weights) w)
+                       AS term_frequency
+            FROM candidates c, unnest(c.search_tsv) v
+            WHERE v.lexeme IN (SELECT lexeme FROM query_lexemes)
+        ),
+        document_frequency AS (
+            SELECT lexeme, count(*) AS df FROM matches GROUP BY lexeme
+        ),
+        scope_stats AS (
+            SELECT count(*) AS n, coalesce(avg(length(e.search_tsv)), 1) AS avg_length
+            FROM sessions_app_event e
+            WHERE e.kind = 'message' AND {scope_sql}
+        )
+        SELECT m.id,
+               sum(
+                   ln(1 + (s.n - d.df + 0.5) / (d.df + 0.5))
+                   * m.term_frequency * (%(k1)s + 1)
+                   / (m.term_frequency + %(k1)s * (1 - %(b)s + %(b)s * m.doc_length / s.avg_length))
+               ) AS score
+        FROM matches m
+        JOIN document_frequency d ON d.lexeme = m.lexeme
+        CROSS JOIN scope_stats s
+        GROUP BY m.id
+        ORDER BY score DESC, m.id
+        LIMIT %(limit)s
     """
+    params = {
+        "text": " ".join(terms),
+        "tsquery": tsquery_expression(terms),
+        "scope": scope_param,
+        "sender_weight": SENDER_WEIGHT,
+        "k1": BM25_K1,
+        "b": BM25_B,
+        "limit": limit,
+    }
     with connection.cursor() as cursor:
-        cursor.execute(sql, [tsquery_expression(terms), scope_param, limit])
+        cursor.execute(sql, params)
         return cursor.fetchall()
 
 
@@ -78,12 +128,12 @@ def _search_sqlite(terms, scope_sql, scope_param, limit):
         SELECT e.id, -bm25(sessions_app_event_fts, 0.5, 1.0) AS score
         FROM sessions_app_event_fts
         JOIN sessions_app_event e ON e.id = sessions_app_event_fts.rowid
-        WHERE sessions_app_event_fts MATCH %s AND {scope_sql}
+        WHERE sessions_app_event_fts MATCH %(match)s AND {scope_sql}
         ORDER BY score DESC, e.id
-        LIMIT %s
+        LIMIT %(limit)s
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [fts5_match_expression(terms), scope_param, limit])
+        cursor.execute(sql, {"match": fts5_match_expression(terms), "scope": scope_param, "limit": limit})
         return cursor.fetchall()
 
 

@@ -1,0 +1,229 @@
+"""Every API endpoint refuses callers without a valid token (401) and hides other
+teams' objects (404), both in the error shape of SPEC §11.
+
+ENDPOINTS is the list of every route under /api/v1/; the guard test at the end
+fails when a route exists that is not listed, so a new endpoint must be added here
+(and so gets the same checks)."""
+import re
+from dataclasses import dataclass
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+from rest_framework.test import APIClient
+
+from kinsite.services import api_token_issue, api_token_revoke
+from sessions_app.models import Event, Kin, Session
+from tests.factories import KinFactory, MessageFactory, SessionFactory
+
+API_PREFIX = "/api/v1/"
+# Routes that are public by design and have no team data.
+UNGUARDED_ROUTES = {"schema/", "schema/docs/", "schema/redoc/"}
+
+SECRET = "zanzibar"  # a word only the seeded objects contain
+
+
+
+
+def assert_api_error(response, status: int, code: str | None = None) -> dict:
+    """The response has `status` and the §11 error shape; returns the error object."""
+    assert response.status_code == status, response.content[:500]
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"code", "message", "details"}
+    assert isinstance(error["code"], str) and error["code"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["details"], (dict, list))
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    route: str  # under /api/v1/, "{id}" for the object id
+    owner: str | None = None  # "kin" or "session": whose id fills {id}
+    body: dict | list | None = None
+    query: str = ""
+
+    def url(self, object_id=None) -> str:
+        url = API_PREFIX + self.route.format(id=object_id)
+        return f"{url}?{self.query}" if self.query else url
+
+    def call(self, client: APIClient, object_id=None):
+        return getattr(client, self.method.lower())(self.url(object_id), data=self.body, format="json")
+
+    def __str__(self):
+        return f"{self.method} {self.route}"
+
+
+ENDPOINTS = [
+    Endpoint("GET", "kins/"),
+    Endpoint("POST", "kins/", body={"name": "New kin"}),
+    Endpoint("GET", "kins/{id}/", "kin"),
+    Endpoint("PATCH", "kins/{id}/", "kin", body={"name": "Renamed"}),
+    Endpoint("DELETE", "kins/{id}/", "kin"),
+    Endpoint("POST", "kins/{id}/sessions/", "kin", body={"title": "New session"}),
+    Endpoint("GET", "kins/{id}/history/search/", "kin", query=f"q={SECRET}"),
+    Endpoint("GET", "sessions/{id}/", "session"),
+    Endpoint("GET", "sessions/{id}/messages/", "session"),
+    Endpoint(
+        "POST",
+        "sessions/{id}/messages/import/",
+        "session",
+        body={"messages": [{"content": "imported", "external_id": "import-1"}]},
+    ),
+    Endpoint("GET", "sessions/{id}/history/search/", "session", query=f"q={SECRET}"),
+]
+OWNED_ENDPOINTS = [endpoint for endpoint in ENDPOINTS if endpoint.owner]
+
+
+@pytest.fixture
+def seeded(team):
+    """A kin of `team` with a session and a message, all containing SECRET."""
+    kin = KinFactory(team=team, name=f"Kin {SECRET}")
+    session = SessionFactory(kin=kin, title=f"Session {SECRET}")
+    MessageFactory(session=session, content=f"the {SECRET} plan", external_id="seed-1")
+    return {"kin": kin, "session": session}
+
+
+@pytest.fixture
+def foreign(other_team):
+    """The same as `seeded`, for another team."""
+    kin = KinFactory(team=other_team, name=f"Foreign {SECRET}")
+    session = SessionFactory(kin=kin, title=f"Foreign session {SECRET}")
+    MessageFactory(session=session, content=f"the foreign {SECRET} plan", external_id="foreign-1")
+    return {"kin": kin, "session": session}
+
+
+def _snapshot():
+    return (
+        list(Kin.objects.order_by("id").values_list("id", "name", "parent_id")),
+        list(Session.objects.order_by("id").values_list("id", "title")),
+        Event.objects.count(),
+    )
+
+
+def _unauthenticated_client(kind: str, team) -> APIClient:
+    client = APIClient()
+    if kind == "missing":
+        return client
+    if kind == "wrong":
+        header = "Bearer ks_this-token-was-never-issued"
+    elif kind == "revoked":
+        token, raw = api_token_issue(team=team, name="revoked")
+        api_token_revoke(token=token)
+        header = f"Bearer {raw}"
+    elif kind == "bearer_without_token":
+        header = "Bearer"
+    elif kind == "other_scheme":
+        _, raw = api_token_issue(team=team, name="valid but wrong scheme")
+        header = f"Token {raw}"
+    else:
+        raise AssertionError(kind)
+    client.credentials(HTTP_AUTHORIZATION=header)
+    return client
+
+
+@pytest.mark.parametrize("auth", ["missing", "wrong", "revoked", "bearer_without_token", "other_scheme"])
+@pytest.mark.parametrize("endpoint", ENDPOINTS, ids=str)
+def test_endpoint_without_valid_token_answers_401(endpoint, auth, team, seeded):
+    client = _unauthenticated_client(auth, team)
+    object_id = seeded[endpoint.owner].pk if endpoint.owner else None
+    before = _snapshot()
+
+    response = endpoint.call(client, object_id)
+
+    assert_api_error(response, 401)
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert SECRET not in response.content.decode()
+    assert _snapshot() == before
+
+
+@pytest.mark.parametrize("target", ["other_team", "missing"])
+@pytest.mark.parametrize("endpoint", OWNED_ENDPOINTS, ids=str)
+def test_endpoint_with_another_teams_id_answers_404(endpoint, target, api_client, seeded, foreign):
+    if target == "other_team":
+        object_id = foreign[endpoint.owner].pk
+    else:
+        model = Kin if endpoint.owner == "kin" else Session
+        object_id = model.objects.order_by("-id").values_list("id", flat=True).first() + 1000
+    before = _snapshot()
+
+    response = endpoint.call(api_client, object_id)
+
+    assert_api_error(response, 404, code="not_found")
+    body = response.content.decode()
+    assert SECRET not in body and "Foreign" not in body
+    assert _snapshot() == before
+
+
+def test_kin_list_shows_only_own_team(api_client, seeded, foreign):
+    response = api_client.get(API_PREFIX + "kins/")
+
+    assert response.status_code == 200
+    assert [kin["id"] for kin in response.json()["results"]] == [seeded["kin"].pk]
+    assert "Foreign" not in response.content.decode()
+
+
+def test_kin_history_search_ignores_other_teams_messages(api_client, seeded, foreign):
+    response = api_client.get(API_PREFIX + f"kins/{seeded['kin'].pk}/history/search/?q={SECRET}")
+
+    assert response.status_code == 200
+    assert [hit["external_id"] for hit in response.json()["results"]] == ["seed-1"]
+
+
+# --- guard: every /api/v1/ route is listed above ---------------------------------
+
+_REGEX_GROUP = re.compile(r"\(\?P<\w+>[^)]*\)")
+_PATH_CONVERTER = re.compile(r"<(?:\w+:)?\w+>")
+
+
+def _normalise(route: str) -> str:
+    route = route.replace("^", "").replace("$", "")
+    route = _REGEX_GROUP.sub("{id}", route)
+    return _PATH_CONVERTER.sub("{id}", route)
+
+
+def _walk(patterns, prefix=""):
+    for pattern in patterns:
+        route = prefix + str(pattern.pattern)
+        if isinstance(pattern, URLResolver):
+            yield from _walk(pattern.url_patterns, route)
+        elif isinstance(pattern, URLPattern):
+            yield route, pattern.callback
+
+
+def _methods(callback) -> set[str]:
+    if getattr(callback, "actions", None):  # a viewset route: method -> action
+        allowed = set(callback.cls.http_method_names) - {"head", "options"}
+        return {method.upper() for method in callback.actions if method in allowed}
+    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+    assert view_class is not None, f"cannot tell the methods of {callback!r}"
+    return {
+        method.upper()
+        for method in view_class.http_method_names
+        if method not in ("head", "options") and hasattr(view_class, method)
+    }
+
+
+def _api_routes() -> set[tuple[str, str]]:
+    routes = set()
+    for route, callback in _walk(get_resolver().url_patterns):
+        route = _normalise(route)
+        if not route.startswith(API_PREFIX.lstrip("/")):
+            continue
+        route = route[len(API_PREFIX) - 1 :]
+        if route in UNGUARDED_ROUTES:
+            continue
+        routes.update((method, route) for method in _methods(callback))
+    return routes
+
+
+def test_every_api_route_is_covered_by_the_access_tests():
+    listed = {(endpoint.method, endpoint.route) for endpoint in ENDPOINTS}
+    existing = _api_routes()
+
+    assert existing - listed == set(), "add these endpoints to ENDPOINTS in this file"
+    assert listed - existing == set(), "these ENDPOINTS no longer exist"
