@@ -22,8 +22,6 @@ UNGUARDED_ROUTES = {"schema/", "schema/docs/", "schema/redoc/"}
 SECRET = "zanzibar"  # a word only the seeded objects contain
 
 
-
-
 def assert_api_error(response, status: int, code: str | None = None) -> dict:
     """The response has `status` and the §11 error shape; returns the error object."""
     assert response.status_code == status, response.content[:500]

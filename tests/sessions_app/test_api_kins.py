@@ -8,8 +8,6 @@ from tests.sessions_app.test_api_access import assert_api_error
 KINS = "/api/v1/kins/"
 
 
-
-
 def _all_pages(client, url):
     """Follows `next` links; returns the pages' results in order."""
     pages = []

@@ -15,8 +15,6 @@ from tests.sessions_app.test_api_access import assert_api_error
 START = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
 
 
-
-
 def import_url(session) -> str:
     return f"/api/v1/sessions/{session.pk}/messages/import/"
 

@@ -22,8 +22,6 @@ FILLER = [
 ]
 
 
-
-
 def session_search(client, session, query: str, **params):
     return client.get(f"/api/v1/sessions/{session.pk}/history/search/", {"q": query, **params})
 
