@@ -1,13 +1,21 @@
 """Teams, memberships, API tokens and the LLM call log."""
+import zoneinfo
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
+
+
+def validate_timezone(value: str) -> None:
+    if value not in zoneinfo.available_timezones():
+        raise ValidationError(f"{value!r} is not an IANA time zone name (e.g. Europe/Berlin).")
 
 
 class Team(models.Model):
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=100, unique=True)
     # IANA name; nightly jobs and the prompt's context block use it.
-    timezone = models.CharField(max_length=64, default="UTC")
+    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from kinsite.models import ApiToken, Membership, Team
+from kinsite.models import ApiToken, Membership, Team, validate_timezone
 
 TOKEN_PREFIX = "ks_"
 
@@ -17,6 +17,7 @@ def token_digest(raw: str) -> str:
 
 @transaction.atomic
 def team_create(*, name: str, slug: str, timezone_name: str = "UTC", owner=None) -> Team:
+    validate_timezone(timezone_name)
     team = Team.objects.create(name=name, slug=slug, timezone=timezone_name)
     if owner is not None:
         Membership.objects.create(team=team, user=owner, role=Membership.Role.OWNER)

@@ -45,8 +45,14 @@ class KinSerializer(serializers.ModelSerializer):
 
     def validate(self, attrs):
         parent = attrs.get("parent")
-        if parent is not None and self.instance is not None and parent.pk == self.instance.pk:
-            raise serializers.ValidationError({"parent": "A kin cannot be its own parent."})
+        if parent is not None and self.instance is not None:
+            # Walk up from the new parent; meeting this kin means the change would close a loop.
+            ancestor, seen = parent, set()
+            while ancestor is not None and ancestor.pk not in seen:
+                if ancestor.pk == self.instance.pk:
+                    raise serializers.ValidationError({"parent": "A kin cannot be its own parent or ancestor."})
+                seen.add(ancestor.pk)
+                ancestor = ancestor.parent
         return attrs
 
 

@@ -7,7 +7,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.urls import reverse
 
-from kinsite.models import ApiToken, LLMCall
+from kinsite.models import ApiToken, LLMCall, Team
 from kinsite.services import api_token_issue
 from tests.factories import MessageFactory, UserFactory
 
@@ -71,3 +71,14 @@ def test_non_staff_cannot_open_admin(client, user):
     client.force_login(user)
     response = client.get(reverse("admin:kinsite_llmcall_changelist"))
     assert response.status_code == 302
+
+
+def test_team_with_an_unknown_time_zone_is_refused(staff_client):
+    response = staff_client.post(
+        reverse("admin:kinsite_team_add"),
+        {"name": "Moon", "slug": "moon", "timezone": "Moon/Base", "memberships-TOTAL_FORMS": 0,
+         "memberships-INITIAL_FORMS": 0},
+    )
+    assert response.status_code == 200
+    assert "not an IANA time zone" in response.content.decode()
+    assert not Team.objects.filter(slug="moon").exists()

@@ -141,8 +141,8 @@ def test_previous_link_returns_the_earlier_page(api_client, team):
 def test_list_kins_with_garbage_cursor_answers_error_shape(api_client, kin):
     response = api_client.get(f"{KINS}?cursor=not-a-cursor")
 
-    # DRF treats an undecodable cursor as an unknown page.
-    assert_api_error(response, 404)
+    error = assert_api_error(response, 400)
+    assert "cursor" in error["details"]
 
 
 def test_get_kin(api_client, kin):
@@ -203,6 +203,17 @@ def test_patch_kin_with_invalid_input_answers_400(api_client, kin, payload, fiel
 
 def test_patch_kin_as_its_own_parent_answers_400(api_client, kin):
     error = assert_api_error(api_client.patch(f"{KINS}{kin.pk}/", {"parent": kin.pk}, format="json"), 400)
+
+    assert "parent" in error["details"]
+    kin.refresh_from_db()
+    assert kin.parent is None
+
+
+def test_patch_kin_that_would_close_a_parent_loop_answers_400(api_client, kin):
+    child = KinFactory(team=kin.team, parent=kin)
+    grandchild = KinFactory(team=kin.team, parent=child)
+
+    error = assert_api_error(api_client.patch(f"{KINS}{kin.pk}/", {"parent": grandchild.pk}, format="json"), 400)
 
     assert "parent" in error["details"]
     kin.refresh_from_db()
