@@ -165,6 +165,17 @@ SEARCH_MAX_QUERY_CHARS = env_int("SEARCH_MAX_QUERY_CHARS", 5_000)
 SEARCH_DEFAULT_LIMIT = env_int("SEARCH_DEFAULT_LIMIT", 10)
 SEARCH_MAX_LIMIT = env_int("SEARCH_MAX_LIMIT", 100)
 
+# Memory search (SPEC §6): how many memories a search returns at most, and the
+# recency half-life of each category in days (facts and knowledge decay slowly,
+# decisions fast).
+MEMORY_TOP_K = env_int("MEMORY_TOP_K", 10)
+MEMORY_HALF_LIFE_DAYS = {
+    "fact": env_float("MEMORY_HALF_LIFE_FACT_DAYS", 365.0),
+    "knowledge": env_float("MEMORY_HALF_LIFE_KNOWLEDGE_DAYS", 365.0),
+    "preference": env_float("MEMORY_HALF_LIFE_PREFERENCE_DAYS", 120.0),
+    "decision": env_float("MEMORY_HALF_LIFE_DECISION_DAYS", 21.0),
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

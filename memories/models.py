@@ -1,1 +1,94 @@
-"""Models of the memories app (built by its own issue)."""
+"""Long-term memories of a kin (or shared by its team) and their immutable change log."""
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+
+class Memory(models.Model):
+    class Category(models.TextChoices):
+        FACT = "fact"
+        PREFERENCE = "preference"
+        DECISION = "decision"
+        KNOWLEDGE = "knowledge"
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        SUPERSEDED = "superseded"
+        DELETED = "deleted"
+
+    class Source(models.TextChoices):
+        INTROSPECTION = "introspection"
+        TURN = "turn"
+        TOOL = "tool"
+        API = "api"
+        DASHBOARD = "dashboard"
+        ADMIN = "admin"
+        CONSOLIDATION = "consolidation"
+
+    team = models.ForeignKey("kinsite.Team", on_delete=models.CASCADE, related_name="memories")
+    # Empty: shared by every kin of the team.
+    kin = models.ForeignKey("sessions_app.Kin", null=True, blank=True, on_delete=models.CASCADE, related_name="memories")
+    category = models.CharField(max_length=12, choices=Category.choices, default=Category.FACT)
+    content = models.TextField()
+    subject = models.CharField(max_length=200, blank=True)
+    importance = models.PositiveSmallIntegerField(default=5, validators=[MinValueValidator(1), MaxValueValidator(10)])
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.ACTIVE)
+    # Who wrote it: the kind of writer, and which one ("introspection_run:12",
+    # "event:345", "token:ks_ab12cd", "user:maria").
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.API)
+    source_ref = models.CharField(max_length=200, blank=True)
+    superseded_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="supersedes"
+    )
+    retrieval_count = models.PositiveIntegerField(default=0)
+    last_retrieved_at = models.DateTimeField(null=True, blank=True)
+    # Embedding of `content` (float32, little-endian) when an embedder is configured.
+    embedding = models.BinaryField(null=True, blank=True, editable=False)
+    embedding_model = models.CharField(max_length=200, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        indexes = [
+            models.Index(fields=["team", "kin", "status"], name="memory_scope_status"),
+            models.Index(fields=["team", "status", "subject"], name="memory_subject"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(importance__gte=1, importance__lte=10), name="memory_importance_1_10"),
+        ]
+
+    def __str__(self):
+        return self.content[:80]
+
+
+class MemoryChange(models.Model):
+    """One add, update, delete or supersede of a memory: never edited, never deleted."""
+
+    class Action(models.TextChoices):
+        ADD = "add"
+        UPDATE = "update"
+        DELETE = "delete"
+        SUPERSEDE = "supersede"
+
+    memory = models.ForeignKey(Memory, on_delete=models.CASCADE, related_name="changes")
+    action = models.CharField(max_length=10, choices=Action.choices)
+    # Snapshots of the memory's editable fields; `before` is empty for an add.
+    before = models.JSONField(default=dict, blank=True)
+    after = models.JSONField(default=dict, blank=True)
+    # Who made the change, as text that survives the actor's deletion
+    # ("user:maria", "token:ks_ab12cd", "introspection_run:12", "kin:4 turn event:345").
+    actor = models.CharField(max_length=200)
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["memory", "created_at"], name="memorychange_memory_time")]
+
+    def __str__(self):
+        return f"{self.action} memory {self.memory_id} by {self.actor}"

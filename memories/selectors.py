@@ -1,0 +1,45 @@
+"""Reads of memories: lists with filters, hybrid search, near-duplicate lookup."""
+from django.shortcuts import get_object_or_404
+
+from kinsite.models import Team
+from memories.models import Memory, MemoryChange
+from sessions_app.models import Kin
+
+
+def memory_list(*, team: Team, kin: Kin | None = None, include_shared: bool = True, category: str = "",
+                status: str = "", subject: str = ""):
+    """A kin's memories (plus the team-shared ones unless include_shared is False),
+    or with kin=None only the team-shared ones; filters are exact matches."""
+    qs = Memory.objects.filter(team=team)
+    if kin is None:
+        qs = qs.filter(kin__isnull=True)
+    elif include_shared:
+        qs = qs.filter(kin=kin) | qs.filter(kin__isnull=True)
+    else:
+        qs = qs.filter(kin=kin)
+    if category:
+        qs = qs.filter(category=category)
+    if status:
+        qs = qs.filter(status=status)
+    if subject:
+        qs = qs.filter(subject__iexact=subject)
+    return qs
+
+
+def memory_get(*, team: Team, memory_id: int) -> Memory:
+    return get_object_or_404(Memory, team=team, pk=memory_id)
+
+
+def memory_history(*, memory: Memory):
+    return MemoryChange.objects.filter(memory=memory).select_related("actor_user").order_by("created_at", "id")
+
+
+def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject: str = "") -> Memory | None:
+    """An active memory in the same scope (the kin's own, or the team-shared ones
+    when kin is None) that says the same thing as `content`, or None."""
+    raise NotImplementedError  # built with memory search
+
+
+def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int, include_shared: bool = True):
+    """Active memories ranked by hybrid relevance; see the module for the ranking."""
+    raise NotImplementedError

@@ -1,0 +1,134 @@
+"""Every write to memories. Each add, update, delete and supersede leaves exactly
+one MemoryChange row (before, after, actor, reason) in the same transaction."""
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from kinsite.models import Team
+from memories import selectors
+from memories.models import Memory, MemoryChange
+from sessions_app.models import Kin
+
+# The fields a change row snapshots, and the ones callers may edit.
+SNAPSHOT_FIELDS = ("kin_id", "category", "content", "subject", "importance", "status", "superseded_by_id")
+EDITABLE_FIELDS = ("category", "content", "subject", "importance")
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who writes: `label` is kept as text on the change row ("user:maria",
+    "token:ks_ab12cd", "introspection_run:12"); `user` is linked when there is one."""
+
+    label: str
+    user: object = None
+
+
+@dataclass(frozen=True)
+class MemoryAddResult:
+    memory: Memory
+    created: bool  # False: a near-duplicate active memory was updated instead
+
+
+def _snapshot(memory: Memory) -> dict:
+    return {field.removesuffix("_id") if field.endswith("_id") else field: getattr(memory, field) for field in SNAPSHOT_FIELDS}
+
+
+def _record(*, memory: Memory, action: str, before: dict, actor: Actor, reason: str) -> MemoryChange:
+    return MemoryChange.objects.create(
+        memory=memory,
+        action=action,
+        before=before,
+        after=_snapshot(memory),
+        actor=actor.label[:200],
+        actor_user=actor.user,
+        reason=reason,
+    )
+
+
+@transaction.atomic
+def memory_add(
+    *,
+    team: Team,
+    kin: Kin | None,
+    content: str,
+    actor: Actor,
+    category: str = Memory.Category.FACT,
+    subject: str = "",
+    importance: int = 5,
+    source: str = Memory.Source.API,
+    source_ref: str = "",
+    reason: str = "",
+) -> MemoryAddResult:
+    """Add a memory for `kin` (None: shared by the team). When an active memory in
+    the same scope says the same thing, that one is updated instead (newer wording
+    wins, the higher importance is kept) and no new row is made."""
+    duplicate = selectors.memory_find_duplicate(team=team, kin=kin, content=content, subject=subject)
+    if duplicate is not None:
+        fields = {"content": content, "category": category, "importance": max(importance, duplicate.importance)}
+        if subject:
+            fields["subject"] = subject
+        why = reason or "added again"
+        memory = memory_update(
+            memory=duplicate, actor=actor, reason=f"Duplicate of an existing memory; merged ({why}).", **fields
+        )
+        return MemoryAddResult(memory=memory, created=False)
+    memory = Memory.objects.create(
+        team=team,
+        kin=kin,
+        category=category,
+        content=content,
+        subject=subject,
+        importance=importance,
+        source=source,
+        source_ref=source_ref[:200],
+    )
+    _record(memory=memory, action=MemoryChange.Action.ADD, before={}, actor=actor, reason=reason)
+    return MemoryAddResult(memory=memory, created=True)
+
+
+@transaction.atomic
+def memory_update(*, memory: Memory, actor: Actor, reason: str = "", **fields) -> Memory:
+    unknown = set(fields) - set(EDITABLE_FIELDS)
+    if unknown:
+        raise TypeError(f"memory_update got fields it cannot edit: {sorted(unknown)}")
+    memory = Memory.objects.select_for_update().get(pk=memory.pk)
+    before = _snapshot(memory)
+    for name, value in fields.items():
+        setattr(memory, name, value)
+    memory.save()
+    _record(memory=memory, action=MemoryChange.Action.UPDATE, before=before, actor=actor, reason=reason)
+    return memory
+
+
+@transaction.atomic
+def memory_delete(*, memory: Memory, actor: Actor, reason: str = "") -> Memory:
+    """Deleting is a status change: the row and its history stay."""
+    memory = Memory.objects.select_for_update().get(pk=memory.pk)
+    before = _snapshot(memory)
+    memory.status = Memory.Status.DELETED
+    memory.save(update_fields=["status", "updated_at"])
+    _record(memory=memory, action=MemoryChange.Action.DELETE, before=before, actor=actor, reason=reason)
+    return memory
+
+
+@transaction.atomic
+def memory_supersede(*, memory: Memory, actor: Actor, reason: str, superseded_by: Memory | None = None) -> Memory:
+    """Mark a memory as replaced by newer knowledge (consolidation, or a newer memory)."""
+    memory = Memory.objects.select_for_update().get(pk=memory.pk)
+    before = _snapshot(memory)
+    memory.status = Memory.Status.SUPERSEDED
+    memory.superseded_by = superseded_by
+    memory.save(update_fields=["status", "superseded_by", "updated_at"])
+    _record(memory=memory, action=MemoryChange.Action.SUPERSEDE, before=before, actor=actor, reason=reason)
+    return memory
+
+
+def memories_mark_retrieved(*, memory_ids: list[int]) -> None:
+    """Count one retrieval for each memory served to a prompt (one UPDATE; not a
+    change of the memory, so no change row and updated_at stays)."""
+    if memory_ids:
+        Memory.objects.filter(pk__in=memory_ids).update(
+            retrieval_count=F("retrieval_count") + 1, last_retrieved_at=timezone.now()
+        )
