@@ -1,0 +1,103 @@
+"""Shared pieces of the benchmarks: a throwaway database, percentiles, the
+database's version, and writing the figures as JSON."""
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlparse, urlunparse
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "bench" / "results"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+class ThrowawayDatabase:
+    """Points the settings at a fresh database before django.setup(): a temp
+    SQLite file, or a new PostgreSQL database `name` on the DATABASE_URL server.
+    Dropped on exit, so a benchmark never writes to the configured database."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.url = os.environ.get("DATABASE_URL", "")
+        self.tempdir = None
+        self.admin_params = None
+
+    def __enter__(self):
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kinsite.settings")
+        if not self.url:
+            self.tempdir = tempfile.TemporaryDirectory(prefix="kinsite-bench-")
+            os.environ["KINSITE_DATA_DIR"] = self.tempdir.name
+            return self
+        parsed = urlparse(self.url)
+        if parsed.scheme not in ("postgres", "postgresql", "pgsql"):
+            raise SystemExit(f"DATABASE_URL must be PostgreSQL (or unset for SQLite), not {parsed.scheme}")
+        self.admin_params = {
+            "host": parsed.hostname or "localhost",
+            "port": parsed.port or 5432,
+            "user": parsed.username,
+            "password": parsed.password,
+            "dbname": "postgres",
+        }
+        self._admin(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+        self._admin(f"CREATE DATABASE {self.name}")
+        os.environ["DATABASE_URL"] = urlunparse(parsed._replace(path=f"/{self.name}"))
+        return self
+
+    def __exit__(self, *exc):
+        if self.tempdir is not None:
+            self.tempdir.cleanup()
+        if self.admin_params is not None:
+            from django.db import connections
+
+            connections.close_all()
+            self._admin(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+            os.environ["DATABASE_URL"] = self.url
+
+    def _admin(self, sql):
+        import psycopg
+
+        with psycopg.connect(**self.admin_params, autocommit=True) as connection:
+            connection.execute(sql)
+
+
+def percentile(values: list[float], share: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(share * len(ordered))) - 1]
+
+
+def latency_summary(milliseconds: list[float]) -> dict:
+    return {
+        "count": len(milliseconds),
+        "p50_ms": round(percentile(milliseconds, 0.50), 2),
+        "p95_ms": round(percentile(milliseconds, 0.95), 2),
+        "p99_ms": round(percentile(milliseconds, 0.99), 2),
+        "max_ms": round(max(milliseconds), 2),
+    }
+
+
+def database_version(connection) -> str:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SHOW server_version")
+            return "PostgreSQL " + cursor.fetchone()[0]
+        cursor.execute("SELECT sqlite_version()")
+        return "SQLite " + cursor.fetchone()[0]
+
+
+def machine() -> dict:
+    return {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def write_results(name: str, vendor: str, figures: dict, out_dir: Path = RESULTS_DIR) -> Path:
+    figures = {"benchmark": name, "vendor": vendor, "date": datetime.now(UTC).isoformat(timespec="seconds"),
+               "machine": machine(), **figures}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}-{vendor}.json"
+    path.write_text(json.dumps(figures, indent=2) + "\n")
+    return path
