@@ -4,11 +4,17 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from kinsite import views
+from memories import views as memory_views
 
 pages = [
     path("", views.home, name="home"),
     path("kins/", views.kin_list, name="kins"),
     path("kins/<int:kin_id>/", views.kin_detail, name="kin_detail"),
+    path("kins/<int:kin_id>/memories/", memory_views.memory_list, name="memory_list"),
+    path("kins/<int:kin_id>/memories/add/", memory_views.memory_add, name="memory_add"),
+    path("kins/<int:kin_id>/memories/<int:memory_id>/", memory_views.memory_detail, name="memory_detail"),
+    path("kins/<int:kin_id>/memories/<int:memory_id>/edit/", memory_views.memory_edit, name="memory_edit"),
+    path("kins/<int:kin_id>/memories/<int:memory_id>/delete/", memory_views.memory_delete, name="memory_delete"),
     path("sessions/<int:session_id>/", views.session_detail, name="session_detail"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),

@@ -15,4 +15,5 @@ urlpatterns = [
         name="schema-redoc",
     ),
     path("", include("sessions_app.api.urls")),
+    path("", include("memories.api.urls")),
 ]

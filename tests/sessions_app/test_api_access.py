@@ -12,6 +12,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from kinsite.services import api_token_issue, api_token_revoke
+from memories.models import Memory, MemoryChange
 from sessions_app.models import Event, Kin, Session
 from tests.factories import KinFactory, MessageFactory, SessionFactory
 
@@ -41,7 +42,7 @@ def assert_api_error(response, status: int, code: str | None = None) -> dict:
 class Endpoint:
     method: str
     route: str  # under /api/v1/, "{id}" for the object id
-    owner: str | None = None  # "kin" or "session": whose id fills {id}
+    owner: str | None = None  # "kin", "session" or "memory": whose id fills {id}
     body: dict | list | None = None
     query: str = ""
 
@@ -73,17 +74,26 @@ ENDPOINTS = [
         body={"messages": [{"content": "imported", "external_id": "import-1"}]},
     ),
     Endpoint("GET", "sessions/{id}/history/search/", "session", query=f"q={SECRET}"),
+    Endpoint("GET", "kins/{id}/memories/", "kin"),
+    Endpoint("POST", "kins/{id}/memories/", "kin", body={"content": "A new memory.", "category": "fact"}),
+    Endpoint("GET", "kins/{id}/memories/search/", "kin", query=f"q={SECRET}"),
+    Endpoint("GET", "memories/{id}/", "memory"),
+    Endpoint("PATCH", "memories/{id}/", "memory", body={"content": "Rewritten."}),
+    Endpoint("DELETE", "memories/{id}/", "memory"),
+    Endpoint("GET", "memories/{id}/history/", "memory"),
 ]
+OWNER_MODELS = {"kin": Kin, "session": Session, "memory": Memory}
 OWNED_ENDPOINTS = [endpoint for endpoint in ENDPOINTS if endpoint.owner]
 
 
 @pytest.fixture
 def seeded(team):
-    """A kin of `team` with a session and a message, all containing SECRET."""
+    """A kin of `team` with a session, a message and a memory, all containing SECRET."""
     kin = KinFactory(team=team, name=f"Kin {SECRET}")
     session = SessionFactory(kin=kin, title=f"Session {SECRET}")
     MessageFactory(session=session, content=f"the {SECRET} plan", external_id="seed-1")
-    return {"kin": kin, "session": session}
+    memory = _memory(team, kin, f"The {SECRET} plan is due in May.")
+    return {"kin": kin, "session": session, "memory": memory}
 
 
 @pytest.fixture
@@ -92,7 +102,15 @@ def foreign(other_team):
     kin = KinFactory(team=other_team, name=f"Foreign {SECRET}")
     session = SessionFactory(kin=kin, title=f"Foreign session {SECRET}")
     MessageFactory(session=session, content=f"the foreign {SECRET} plan", external_id="foreign-1")
-    return {"kin": kin, "session": session}
+    memory = _memory(other_team, kin, f"Foreign: the {SECRET} plan is secret.")
+    return {"kin": kin, "session": session, "memory": memory}
+
+
+def _memory(team, kin, content) -> Memory:
+    # Rows made directly: these tests are about access, not about memory_add's duplicate lookup.
+    memory = Memory.objects.create(team=team, kin=kin, content=content, category=Memory.Category.FACT)
+    MemoryChange.objects.create(memory=memory, action=MemoryChange.Action.ADD, after={"content": content}, actor="test")
+    return memory
 
 
 def _snapshot():
@@ -100,6 +118,8 @@ def _snapshot():
         list(Kin.objects.order_by("id").values_list("id", "name", "parent_id")),
         list(Session.objects.order_by("id").values_list("id", "title")),
         Event.objects.count(),
+        list(Memory.objects.order_by("id").values_list("id", "content", "status", "importance")),
+        MemoryChange.objects.count(),
     )
 
 
@@ -145,7 +165,7 @@ def test_endpoint_with_another_teams_id_answers_404(endpoint, target, api_client
     if target == "other_team":
         object_id = foreign[endpoint.owner].pk
     else:
-        model = Kin if endpoint.owner == "kin" else Session
+        model = OWNER_MODELS[endpoint.owner]
         object_id = model.objects.order_by("-id").values_list("id", flat=True).first() + 1000
     before = _snapshot()
 

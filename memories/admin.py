@@ -1,0 +1,83 @@
+"""Admin for memories and their change log (read-only).
+
+A memory's editable fields (content, category, subject, importance) can be changed
+here, but the save goes through memories.services.memory_update, so each edit
+writes a change row like any other. Admin does not add memories (kins, the API
+and the dashboard do) and never hard-deletes one: that would erase its history.
+"Mark deleted" is an action calling memory_delete, the same status change as
+everywhere else."""
+from django.contrib import admin, messages
+
+from kinsite.admin_mixins import ReadOnlyAdminMixin
+from memories import services
+from memories.models import Memory, MemoryChange
+
+
+def _actor(request) -> services.Actor:
+    return services.Actor(label=f"user:{request.user.get_username()}", user=request.user)
+
+
+class MemoryChangeInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = MemoryChange
+    extra = 0
+    fields = ["created_at", "action", "actor", "reason", "before", "after"]
+    readonly_fields = fields
+    ordering = ["created_at", "id"]
+
+
+@admin.register(Memory)
+class MemoryAdmin(admin.ModelAdmin):
+    list_display = ["id", "short_content", "team", "kin", "category", "subject", "importance", "status", "source", "updated_at"]
+    list_filter = ["status", "category", "source", "team"]
+    search_fields = ["content", "subject", "source_ref"]
+    list_select_related = ["team", "kin"]
+    fields = [
+        "team",
+        "kin",
+        *services.EDITABLE_FIELDS,
+        "status",
+        "source",
+        "source_ref",
+        "superseded_by",
+        "retrieval_count",
+        "last_retrieved_at",
+        "created_at",
+        "updated_at",
+    ]
+    readonly_fields = [name for name in fields if name not in services.EDITABLE_FIELDS]
+    inlines = [MemoryChangeInline]
+    actions = ["mark_deleted"]
+    show_full_result_count = False
+
+    @admin.display(description="content")
+    def short_content(self, memory):
+        return memory.content[:100]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        changed = {name: form.cleaned_data[name] for name in form.changed_data if name in services.EDITABLE_FIELDS}
+        if changed:
+            services.memory_update(memory=obj, actor=_actor(request), reason="Edited in admin.", **changed)
+
+    @admin.action(description="Mark selected memories deleted (history stays)")
+    def mark_deleted(self, request, queryset):
+        count = 0
+        for memory in queryset.exclude(status=Memory.Status.DELETED):
+            services.memory_delete(memory=memory, actor=_actor(request), reason="Deleted in admin.")
+            count += 1
+        messages.success(request, f"Marked {count} memor{'y' if count == 1 else 'ies'} deleted.")
+
+
+@admin.register(MemoryChange)
+class MemoryChangeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["id", "memory", "action", "actor", "created_at"]
+    list_filter = ["action"]
+    search_fields = ["actor", "reason"]
+    raw_id_fields = ["memory"]
+    list_select_related = ["memory"]
+    show_full_result_count = False
