@@ -1,0 +1,69 @@
+"""Memories in Django admin: edits go through the services (one change row each),
+nothing is added or hard-deleted there, and the change log is read-only."""
+import pytest
+from django.urls import reverse
+
+from memories.models import Memory, MemoryChange
+from memories.services import Actor, memory_add
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff_client(client):
+    client.force_login(UserFactory(is_staff=True, is_superuser=True, username="root-admin"))
+    return client
+
+
+@pytest.fixture
+def memory(kin):
+    return memory_add(team=kin.team, kin=kin, content="Invoices go out on the first Monday",
+                      actor=Actor("test"), category="fact").memory
+
+
+def change_form_data(memory, **overrides):
+    data = {"category": memory.category, "content": memory.content, "subject": memory.subject,
+            "importance": memory.importance, "changes-TOTAL_FORMS": 0, "changes-INITIAL_FORMS": 0}
+    data.update(overrides)
+    return data
+
+
+def test_admin_edit_writes_one_change_row_with_the_admin_as_actor(staff_client, memory):
+    url = reverse("admin:memories_memory_change", args=[memory.pk])
+    response = staff_client.post(url, change_form_data(memory, importance=9))
+    assert response.status_code == 302
+    memory.refresh_from_db()
+    assert memory.importance == 9
+    change = MemoryChange.objects.filter(memory=memory).order_by("id").last()
+    assert (change.action, change.actor) == ("update", "user:root-admin")
+    assert (change.before["importance"], change.after["importance"]) == (5, 9)
+    assert MemoryChange.objects.filter(memory=memory).count() == 2  # the add, then this edit
+
+
+def test_admin_save_without_changes_writes_no_change_row(staff_client, memory):
+    staff_client.post(reverse("admin:memories_memory_change", args=[memory.pk]), change_form_data(memory))
+    assert MemoryChange.objects.filter(memory=memory).count() == 1
+
+
+def test_admin_cannot_add_or_hard_delete_memories(staff_client, memory):
+    assert staff_client.get(reverse("admin:memories_memory_add")).status_code == 403
+    response = staff_client.post(reverse("admin:memories_memory_delete", args=[memory.pk]), {"post": "yes"})
+    assert response.status_code == 403
+    assert Memory.objects.filter(pk=memory.pk).exists()
+
+
+def test_mark_deleted_action_is_a_status_change_with_history(staff_client, memory):
+    staff_client.post(
+        reverse("admin:memories_memory_changelist"), {"action": "mark_deleted", "_selected_action": [memory.pk]}
+    )
+    memory.refresh_from_db()
+    assert memory.status == "deleted"
+    assert list(MemoryChange.objects.filter(memory=memory).values_list("action", flat=True)) == ["add", "delete"]
+
+
+def test_change_log_is_read_only(staff_client, memory):
+    change = MemoryChange.objects.get(memory=memory)
+    assert staff_client.get(reverse("admin:memories_memorychange_add")).status_code == 403
+    staff_client.post(reverse("admin:memories_memorychange_delete", args=[change.pk]), {"post": "yes"})
+    assert MemoryChange.objects.filter(pk=change.pk).exists()
