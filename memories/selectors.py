@@ -1,9 +1,26 @@
-"""Reads of memories: lists with filters, hybrid search, near-duplicate lookup."""
-from django.shortcuts import get_object_or_404
+"""Reads of memories: lists with filters, hybrid search, near-duplicate lookup.
 
+Search reads the database once for candidates (full-text BM25 on either database,
+plus a vector scan when an embedder is configured) and leaves the scoring to the pure
+functions of memories.ranking."""
+import logging
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connection
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+
+from kinsite.llm.gateway import llm_embed
+from kinsite.llm.providers import get_default_provider
 from kinsite.models import Team
+from kinsite.textsearch import fts5_match_expression, query_terms
+from memories import ranking
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Kin
+
+logger = logging.getLogger(__name__)
 
 
 def memory_list(*, team: Team, kin: Kin | None = None, include_shared: bool = True, category: str = "",
@@ -34,12 +51,289 @@ def memory_history(*, memory: Memory):
     return MemoryChange.objects.filter(memory=memory).select_related("actor_user").order_by("created_at", "id")
 
 
-def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject: str = "") -> Memory | None:
+@dataclass
+class MemoryHit:
+    """One search result: the memory, its final score and what the score was made of
+    (components: text, vector, importance, recency, subject; see memories.ranking)."""
+
+    memory: Memory
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+
+
+# --- embeddings -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Embedding:
+    vector: tuple[float, ...]
+    model: str
+
+    def as_bytes(self) -> bytes:
+        return ranking.vector_to_bytes(self.vector)
+
+
+def memory_embed(*, team: Team, kin: Kin | None, text: str, purpose: str) -> Embedding | None:
+    """The embedding of `text` from the default provider, or None when it has no
+    embedder or the call fails (logged: a memory is never lost to its vector)."""
+    provider = get_default_provider()
+    if not getattr(provider, "supports_embeddings", False) or not text.strip():
+        return None
+    try:
+        [vector] = llm_embed(purpose=purpose, texts=[text], team=team, kin=kin, provider=provider)
+    except Exception:
+        logger.warning("Embedding for %s failed; going on without a vector", purpose, exc_info=True)
+        return None
+    if not vector:
+        return None
+    return Embedding(vector=tuple(float(x) for x in vector), model=_embedding_model_name(provider))
+
+
+def _embedding_model_name(provider) -> str:
+    # Vectors of different models are not comparable; rows record which model made theirs.
+    return (getattr(provider, "embedding_model", "") or f"{provider.name}-embedding")[:200]
+
+
+# Without pgvector the vector side is a scan in Python, so it is bounded: the most
+# recently updated memories of the scope that carry a vector of the query's model.
+VECTOR_SCAN_LIMIT = 2_000
+
+
+def _vector_similarities(scope, embedding: Embedding) -> dict[int, float]:
+    rows = (
+        scope.filter(embedding__isnull=False, embedding_model=embedding.model)
+        .order_by("-updated_at", "-id")
+        .values_list("id", "embedding")[:VECTOR_SCAN_LIMIT]
+    )
+    similarities = {}
+    for memory_id, data in rows:
+        vector = ranking.vector_from_bytes(data)
+        if vector is not None and len(vector) == len(embedding.vector):
+            similarities[memory_id] = ranking.cosine(embedding.vector, vector)
+    return similarities
+
+
+# --- full text --------------------------------------------------------------------------------
+
+# BM25 parameters, the usual defaults (SQLite's FTS5 bm25() uses the same).
+BM25_K1 = 1.2
+BM25_B = 0.75
+# A match in the subject counts half a match in the content (the tsvector weights it B,
+# FTS5 gets the column weight); matching the subject is rewarded again by ranking.
+SUBJECT_WEIGHT = 0.5
+# BM25 needs the scope's document count and average length. Counting them reads every
+# active memory of the scope, too slow per query at 100,000 memories, so they are cached
+# briefly: a minute-old count barely moves BM25, and idf is clamped so it stays positive.
+SCOPE_STATS_SECONDS = 60
+
+
+def _scope_sql(*, team: Team, kin: Kin | None, include_shared: bool) -> tuple[str, dict]:
+    params = {"team": team.pk}
+    if kin is None:
+        return "m.team_id = %(team)s AND m.kin_id IS NULL", params
+    params["kin"] = kin.pk
+    if include_shared:
+        return "m.team_id = %(team)s AND (m.kin_id = %(kin)s OR m.kin_id IS NULL)", params
+    return "m.team_id = %(team)s AND m.kin_id = %(kin)s", params
+
+
+def _text_scores(*, terms: list[str], team: Team, kin: Kin | None, include_shared: bool,
+                 limit: int) -> list[tuple[int, float]]:
+    """(memory id, BM25 score) of active memories in scope matching any term, best first."""
+    scope_sql, params = _scope_sql(team=team, kin=kin, include_shared=include_shared)
+    if connection.vendor == "postgresql":
+        return _text_scores_postgresql(terms, scope_sql, params, limit, include_shared)
+    return _text_scores_sqlite(terms, scope_sql, params, limit)
+
+
+def _scope_stats_postgresql(scope_sql: str, params: dict, include_shared: bool) -> tuple[int, float]:
+    key = f"memories:bm25:{params['team']}:{params.get('kin', 'shared')}:{int(include_shared)}"
+    stats = cache.get(key)
+    if stats is None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT count(*), coalesce(avg(length(m.search_tsv)), 1) FROM memories_memory m "
+                f"WHERE m.status = 'active' AND {scope_sql}",
+                params,
+            )
+            count, avg_length = cursor.fetchone()
+        stats = (int(count), max(float(avg_length), 1.0))
+        cache.set(key, stats, SCOPE_STATS_SECONDS)
+    return stats
+
+
+def _text_scores_postgresql(terms, scope_sql, params, limit, include_shared):
+    """BM25 over the stored tsvector (migration 0002: content weight A, subject B, GIN
+    index over active rows). ts_rank has no inverse document frequency, so BM25 is
+    computed here: document frequencies from the matching rows (every row matching a
+    term is a candidate), count and average length from the cached scope statistics.
+
+    Term frequency is 1 for a match in the content and SUBJECT_WEIGHT for a match in the
+    subject only. Memories are a sentence or two, so a term rarely repeats; testing `@@`
+    per query lexeme (C code) in one pass over the candidates, instead of unnesting every
+    candidate's tsvector, keeps a query that touches thousands of memories fast. The
+    per-lexeme columns are generated from the lexeme count only; lexemes travel as
+    parameters. Arithmetic is float8: numeric ln() was most of the cost."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %s)) ORDER BY lexeme",
+                       [" ".join(terms)])
+        lexemes = [row[0] for row in cursor.fetchall()]
+    if not lexemes:
+        return []  # only PostgreSQL stop words
+    count, avg_length = _scope_stats_postgresql(scope_sql, params, include_shared)
+    params = {**params, "tsquery": " | ".join(_tsquery_literal(lexeme) for lexeme in lexemes),
+              "subject_weight": SUBJECT_WEIGHT, "n": count, "avg_length": avg_length,
+              "k1": BM25_K1, "b": BM25_B, "limit": limit}
+    tf_columns, df_columns, score_terms = [], [], []
+    for i, lexeme in enumerate(lexemes):
+        params[f"any{i}"] = _tsquery_literal(lexeme)
+        params[f"content{i}"] = _tsquery_literal(lexeme) + ":A"
+        tf_columns.append(
+            f"CASE WHEN m.search_tsv @@ %(content{i})s::tsquery THEN 1.0::float8 "
+            f"WHEN m.search_tsv @@ %(any{i})s::tsquery THEN %(subject_weight)s::float8 "
+            f"ELSE 0.0::float8 END AS tf{i}"
+        )
+        df_columns.append(f"count(*) FILTER (WHERE tf{i} > 0)::float8 AS df{i}")
+        score_terms.append(
+            f"ln(1.0::float8 + (greatest(%(n)s::float8, d.df{i}) - d.df{i} + 0.5::float8) / (d.df{i} + 0.5::float8))"
+            f" * c.tf{i} * (%(k1)s::float8 + 1.0::float8) / (c.tf{i} + c.norm)"
+        )
+    sql = f"""
+        WITH candidates AS MATERIALIZED (
+            SELECT m.id,
+                   %(k1)s::float8 * (1.0::float8 - %(b)s::float8
+                       + %(b)s::float8 * length(m.search_tsv)::float8 / %(avg_length)s::float8) AS norm,
+                   {", ".join(tf_columns)}
+            FROM memories_memory m
+            WHERE m.status = 'active' AND m.search_tsv @@ %(tsquery)s::tsquery AND {scope_sql}
+        ),
+        document_frequency AS (
+            SELECT {", ".join(df_columns)} FROM candidates
+        )
+        SELECT c.id, {" + ".join(score_terms)} AS score
+        FROM candidates c CROSS JOIN document_frequency d
+        ORDER BY score DESC, c.id
+        LIMIT %(limit)s
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(row[0], float(row[1])) for row in cursor.fetchall()]
+
+
+def _tsquery_literal(lexeme: str) -> str:
+    # A quoted tsquery operand: the lexeme is matched as is, never parsed as an operator.
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _text_scores_sqlite(terms, scope_sql, params, limit):
+    # memories_memory_fts is an external-content FTS5 table kept by triggers (migration
+    # 0002), columns (subject, content). bm25() is lower-is-better; its statistics cover
+    # the whole table, which is cheap and close enough.
+    sql = f"""
+        SELECT m.id, -bm25(memories_memory_fts, %(subject_weight)s, 1.0) AS score
+        FROM memories_memory_fts
+        JOIN memories_memory m ON m.id = memories_memory_fts.rowid
+        WHERE memories_memory_fts MATCH %(match)s AND m.status = 'active' AND {scope_sql}
+        ORDER BY score DESC, m.id
+        LIMIT %(limit)s
+    """
+    params = {**params, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT, "limit": limit}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(row[0], float(row[1])) for row in cursor.fetchall()]
+
+
+# --- duplicates -------------------------------------------------------------------------------
+
+# How many full-text neighbours are compared term by term: a true duplicate shares
+# nearly all its terms, so it ranks at the top of its own BM25 search.
+DUPLICATE_TEXT_CANDIDATES = 20
+
+
+def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject: str = "",
+                          embedding: Embedding | None = None, exclude_id: int | None = None) -> Memory | None:
     """An active memory in the same scope (the kin's own, or the team-shared ones
-    when kin is None) that says the same thing as `content`, or None."""
-    raise NotImplementedError  # built with memory search
+    when kin is None) that says the same thing as `content`, or None. Same thing:
+    nearly the same stemmed terms, or (both embedded) a near-identical vector; two set
+    subjects that differ are never the same (thresholds: memories.ranking)."""
+    scope = memory_list(team=team, kin=kin, include_shared=False, status=Memory.Status.ACTIVE)
+    if exclude_id is not None:
+        scope = scope.exclude(pk=exclude_id)
+    new_terms = ranking.term_set(content)
+    if not new_terms:
+        # Nothing but stop words and punctuation: only the same text is the same thing.
+        return scope.filter(content__iexact=content.strip()).order_by("-updated_at", "-id").first()
+
+    scored: dict[int, float] = {}
+    text_ids = [memory_id for memory_id, _ in _text_scores(
+        terms=query_terms(content), team=team, kin=kin, include_shared=False, limit=DUPLICATE_TEXT_CANDIDATES,
+    )]
+    vector_similarities = _vector_similarities(scope, embedding) if embedding is not None else {}
+    near_vectors = [i for i, s in vector_similarities.items() if s >= ranking.DUPLICATE_MIN_COSINE]
+    candidates = scope.filter(pk__in=set(text_ids) | set(near_vectors)).only("id", "content", "subject")
+    by_id = {memory.pk: memory for memory in candidates}
+    for memory in by_id.values():
+        old_terms = ranking.term_set(memory.content)
+        similarity = vector_similarities.get(memory.pk)
+        if ranking.is_duplicate(new_terms=new_terms, old_terms=old_terms, new_subject=subject,
+                                old_subject=memory.subject, vector_similarity=similarity):
+            scored[memory.pk] = max(ranking.jaccard(new_terms, old_terms), similarity or 0.0)
+    if not scored:
+        return None
+    best_id = max(scored, key=lambda memory_id: (scored[memory_id], memory_id))
+    return Memory.objects.get(pk=best_id)
 
 
-def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int, include_shared: bool = True):
-    """Active memories ranked by hybrid relevance; see the module for the ranking."""
-    raise NotImplementedError
+# --- search -----------------------------------------------------------------------------------
+
+
+def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None = None,
+                  include_shared: bool = True, count_retrieval: bool = False,
+                  category: str = "") -> list[MemoryHit]:
+    """Active memories ranked by hybrid relevance (memories.ranking): a kin's own plus,
+    with include_shared, the team-shared ones (kin=None: the shared ones only). Any
+    query text is safe; a query without a word yields []. With count_retrieval (the
+    prompt builder, the recall tool) each returned memory counts one retrieval."""
+    limit = settings.MEMORY_TOP_K if limit is None else limit
+    terms = query_terms(query or "")
+    if not terms or limit <= 0:
+        return []
+    # Ranking may reorder BM25's list by importance, recency and subject, so it gets
+    # more than `limit` candidates to choose from.
+    candidate_limit = max(limit * 5, 50)
+    text_scores = dict(_text_scores(terms=terms, team=team, kin=kin, include_shared=include_shared,
+                                    limit=candidate_limit))
+    vector_similarities: dict[int, float] = {}
+    embedding = memory_embed(team=team, kin=kin, text=" ".join(query.split())[:8000], purpose="memory_search")
+    if embedding is not None:
+        scope = memory_list(team=team, kin=kin, include_shared=include_shared, status=Memory.Status.ACTIVE)
+        similarities = _vector_similarities(scope, embedding)
+        nearest = sorted(similarities, key=lambda i: -similarities[i])[:candidate_limit]
+        vector_similarities = {i: similarities[i] for i in set(nearest) | (set(text_scores) & set(similarities))}
+    ids = set(text_scores) | set(vector_similarities)
+    if not ids:
+        return []
+    rows = Memory.objects.filter(pk__in=ids, status=Memory.Status.ACTIVE).select_related("kin").defer("embedding")
+    if category:
+        rows = rows.filter(category=category)
+    memories = {memory.pk: memory for memory in rows}
+    candidates = [
+        ranking.Candidate(
+            id=memory.pk,
+            text_score=text_scores.get(memory.pk, 0.0),
+            vector_similarity=vector_similarities.get(memory.pk),
+            importance=memory.importance,
+            category=memory.category,
+            updated_at=memory.updated_at,
+            subject=memory.subject,
+        )
+        for memory in memories.values()
+    ]
+    ranked = ranking.rank(candidates, query=query, now=timezone.now(),
+                          half_life_days=settings.MEMORY_HALF_LIFE_DAYS, limit=limit)
+    hits = [MemoryHit(memory=memories[r.id], score=r.score, components=r.components()) for r in ranked]
+    if count_retrieval and hits:
+        from memories.services import memories_mark_retrieved  # services import this module
+
+        memories_mark_retrieved(memory_ids=[hit.memory.pk for hit in hits])
+    return hits

@@ -47,7 +47,6 @@ def _record(*, memory: Memory, action: str, before: dict, actor: Actor, reason: 
     )
 
 
-@transaction.atomic
 def memory_add(
     *,
     team: Team,
@@ -64,39 +63,63 @@ def memory_add(
     """Add a memory for `kin` (None: shared by the team). When an active memory in
     the same scope says the same thing, that one is updated instead (newer wording
     wins, the higher importance is kept) and no new row is made."""
-    duplicate = selectors.memory_find_duplicate(team=team, kin=kin, content=content, subject=subject)
-    if duplicate is not None:
-        fields = {"content": content, "category": category, "importance": max(importance, duplicate.importance)}
-        if subject:
-            fields["subject"] = subject
-        why = reason or "added again"
-        memory = memory_update(
-            memory=duplicate, actor=actor, reason=f"Duplicate of an existing memory; merged ({why}).", **fields
+    # The embedder is called before the transaction: no row lock is held during a
+    # network call, and a failing embedder only costs the vector (memory_embed logs it).
+    embedding = selectors.memory_embed(team=team, kin=kin, text=content, purpose="memory_embed")
+    with transaction.atomic():
+        duplicate = selectors.memory_find_duplicate(
+            team=team, kin=kin, content=content, subject=subject, embedding=embedding
         )
-        return MemoryAddResult(memory=memory, created=False)
-    memory = Memory.objects.create(
-        team=team,
-        kin=kin,
-        category=category,
-        content=content,
-        subject=subject,
-        importance=importance,
-        source=source,
-        source_ref=source_ref[:200],
-    )
-    _record(memory=memory, action=MemoryChange.Action.ADD, before={}, actor=actor, reason=reason)
+        if duplicate is not None:
+            fields = {"content": content, "category": category, "importance": max(importance, duplicate.importance)}
+            if subject:
+                fields["subject"] = subject
+            why = reason or "added again"
+            memory = _update(
+                memory=duplicate, actor=actor, reason=f"Duplicate of an existing memory; merged ({why}).",
+                fields=fields, embedding=embedding,
+            )
+            return MemoryAddResult(memory=memory, created=False)
+        memory = Memory.objects.create(
+            team=team,
+            kin=kin,
+            category=category,
+            content=content,
+            subject=subject,
+            importance=importance,
+            source=source,
+            source_ref=source_ref[:200],
+            embedding=embedding.as_bytes() if embedding else None,
+            embedding_model=embedding.model if embedding else "",
+        )
+        _record(memory=memory, action=MemoryChange.Action.ADD, before={}, actor=actor, reason=reason)
     return MemoryAddResult(memory=memory, created=True)
 
 
-@transaction.atomic
 def memory_update(*, memory: Memory, actor: Actor, reason: str = "", **fields) -> Memory:
     unknown = set(fields) - set(EDITABLE_FIELDS)
     if unknown:
         raise TypeError(f"memory_update got fields it cannot edit: {sorted(unknown)}")
+    embedding = None
+    if "content" in fields and fields["content"] != memory.content:
+        embedding = selectors.memory_embed(team=memory.team, kin=memory.kin, text=fields["content"],
+                                           purpose="memory_embed")
+    return _update(memory=memory, actor=actor, reason=reason, fields=fields, embedding=embedding)
+
+
+@transaction.atomic
+def _update(*, memory: Memory, actor: Actor, reason: str, fields: dict,
+            embedding: "selectors.Embedding | None") -> Memory:
     memory = Memory.objects.select_for_update().get(pk=memory.pk)
     before = _snapshot(memory)
+    content_changed = "content" in fields and fields["content"] != memory.content
     for name, value in fields.items():
         setattr(memory, name, value)
+    if embedding is not None:
+        memory.embedding, memory.embedding_model = embedding.as_bytes(), embedding.model
+    elif content_changed:
+        # The old vector describes the old text: better none than a wrong one.
+        memory.embedding, memory.embedding_model = None, ""
     memory.save()
     _record(memory=memory, action=MemoryChange.Action.UPDATE, before=before, actor=actor, reason=reason)
     return memory

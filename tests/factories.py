@@ -4,6 +4,7 @@ from django.contrib.auth import get_user_model
 
 from kinsite.models import Membership, Team
 from kinsite.tokencount import count_tokens
+from memories.models import Memory
 from sessions_app.models import Event, Kin, Session
 
 
@@ -66,3 +67,17 @@ class MessageFactory(factory.django.DjangoModelFactory):
     platform = Event.Platform.API
     content = factory.Sequence(lambda n: f"message number {n}")
     token_count = factory.LazyAttribute(lambda o: count_tokens(o.content))
+
+
+class MemoryFactory(factory.django.DjangoModelFactory):
+    """A memory row written directly (no change row, no duplicate check): use
+    memories.services when the test is about writes."""
+
+    class Meta:
+        model = Memory
+
+    kin = factory.SubFactory(KinFactory)
+    team = factory.LazyAttribute(lambda o: o.kin.team if o.kin is not None else TeamFactory())
+    category = Memory.Category.FACT
+    content = factory.Sequence(lambda n: f"memory number {n}")
+    importance = 5

@@ -1,0 +1,239 @@
+"""Memory ranking and sameness as pure functions over plain data: the selectors read
+the database once and hand these functions dataclasses; nothing here touches Django's ORM.
+
+Final score of a candidate (every factor is documented where its constant is):
+
+    relevance = weighted mean of the signals the candidate has:
+                  text   = BM25 / best BM25 among the candidates          (0..1)
+                  vector = (cosine - VECTOR_FLOOR) / (1 - VECTOR_FLOOR)   (0..1, clipped)
+    score     = relevance × importance × recency × subject
+
+A candidate with neither a text match nor a vector above the floor is dropped, and so
+is any candidate scoring below RELATIVE_CUTOFF × the best score.
+"""
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from kinsite.textsearch import query_terms
+
+# --- constants (why each value) ---------------------------------------------------------------
+
+# Text and vector signals weigh the same when both exist: BM25 is precise on names and
+# rare words, vectors catch rewordings; neither is reliably better for short notes.
+TEXT_WEIGHT = 0.5
+VECTOR_WEIGHT = 0.5
+# Cosine below which a vector says "unrelated". Modern embedders give unrelated short
+# sentences 0.05–0.3 (older ones like ada-002 sit higher, ~0.7, and would need a higher
+# floor via settings in the future); 0.35 keeps topical neighbours and drops noise.
+VECTOR_FLOOR = 0.35
+# Importance 1..10 maps to 0.55..1.0: a 10 outranks a 1 of equal relevance by ~1.8×,
+# enough to reorder near-ties without letting an important but off-topic memory win.
+IMPORTANCE_BASE = 0.5
+# Recency never drops below this share, so an old memory that is the only good match
+# still surfaces; between it and 1 the share halves every half-life of the category.
+RECENCY_FLOOR = 0.2
+DEFAULT_HALF_LIFE_DAYS = 365.0
+# A memory whose subject is fully named in the query scores 1.5× (partly named: less).
+SUBJECT_BOOST = 0.5
+# Hits scoring below this share of the best hit are noise next to it: dropped.
+RELATIVE_CUTOFF = 0.2
+
+# Duplicates ("same meaning, not only same text"). Lexical: Jaccard similarity of the
+# stemmed, stop-word-free term sets. 0.8 means an added or dropped word in a sentence of
+# four or more content words still merges ("Maria prefers short answers" + "…in the
+# morning"), but swapping one word of a short sentence does not: "Maria likes tea" /
+# "Maria likes coffee" (0.5) or "Maria prefers short/long answers" (0.6) are different
+# facts, and lexically a synonym swap ("prefers" / "likes") looks exactly like them, so
+# synonyms are left to the vector rule. A wrong merge loses a fact from search (history
+# keeps it); a missed merge only leaves two rows for consolidation to fold, so we err
+# towards not merging.
+DUPLICATE_MIN_JACCARD = 0.8
+# Vector rule: paraphrases of one statement score ~0.9–0.98 with current embedders,
+# related-but-different statements about the same person or topic mostly 0.75–0.9.
+DUPLICATE_MIN_COSINE = 0.93
+
+
+# --- terms ----------------------------------------------------------------------------------
+
+_DOUBLE_END = re.compile(r"([b-df-hj-np-tv-z])\1$")
+
+
+def stem(word: str) -> str:
+    """A light English suffix stripper. It only has to send inflections of one word to
+    one key consistently (prefers/preferred → prefer, answers → answer), not be Porter."""
+    if word.isdigit() or len(word) <= 3:
+        return word
+    for suffix, replacement, min_len in (
+        ("ies", "y", 5), ("sses", "ss", 5), ("ing", "", 6), ("ed", "", 5), ("ly", "", 5),
+    ):
+        if word.endswith(suffix) and len(word) >= min_len:
+            word = word[: -len(suffix)] + replacement
+            break
+    else:
+        if word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 3:
+            word = word[:-1]
+    word = _DOUBLE_END.sub(r"\1", word)
+    while word.endswith("e") and len(word) > 3:
+        word = word[:-1]
+    return word
+
+
+def term_set(text: str) -> frozenset[str]:
+    """The stemmed, stop-word-free terms of `text`. Single letters ("Maria's" splits into
+    "maria" and "s") carry no meaning and are dropped; single digits do ("host 1" vs "host 2")."""
+    return frozenset(stem(term) for term in query_terms(text) if len(term) > 1 or term.isdigit())
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    if not a or not b:
+        return 0.0
+    return len(a & b) / len(a | b)
+
+
+# --- vectors --------------------------------------------------------------------------------
+
+
+def vector_to_bytes(vector: Iterable[float]) -> bytes:
+    values = list(vector)
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+def vector_from_bytes(data: bytes | memoryview | None) -> tuple[float, ...] | None:
+    if not data:
+        return None
+    data = bytes(data)
+    if len(data) % 4:
+        return None
+    return struct.unpack(f"<{len(data) // 4}f", data)
+
+
+def cosine(a: Iterable[float], b: Iterable[float]) -> float:
+    a, b = list(a), list(b)
+    if not a or len(a) != len(b):
+        return 0.0
+    dot = sum(x * y for x, y in zip(a, b))
+    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return dot / norm if norm else 0.0
+
+
+def is_duplicate(
+    *,
+    new_terms: frozenset[str],
+    old_terms: frozenset[str],
+    new_subject: str,
+    old_subject: str,
+    vector_similarity: float | None = None,
+) -> bool:
+    """Same meaning: two set subjects that differ rule it out; then either rule suffices."""
+    if new_subject.strip() and old_subject.strip() and new_subject.strip().casefold() != old_subject.strip().casefold():
+        return False
+    if new_terms and jaccard(new_terms, old_terms) >= DUPLICATE_MIN_JACCARD:
+        return True
+    return vector_similarity is not None and vector_similarity >= DUPLICATE_MIN_COSINE
+
+
+# --- ranking --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One memory as the ranker sees it. text_score: BM25 (0 = no text match);
+    vector_similarity: cosine with the query, None when either side has no vector."""
+
+    id: int
+    text_score: float
+    vector_similarity: float | None
+    importance: int
+    category: str
+    updated_at: datetime
+    subject: str = ""
+
+
+@dataclass(frozen=True)
+class Ranked:
+    id: int
+    score: float
+    text: float
+    vector: float
+    importance: float
+    recency: float
+    subject: float
+
+    def components(self) -> dict[str, float]:
+        return {
+            "text": self.text,
+            "vector": self.vector,
+            "importance": self.importance,
+            "recency": self.recency,
+            "subject": self.subject,
+        }
+
+
+def importance_factor(importance: int) -> float:
+    importance = min(max(int(importance), 1), 10)
+    return IMPORTANCE_BASE + (1 - IMPORTANCE_BASE) * importance / 10
+
+
+def recency_factor(*, category: str, updated_at: datetime, now: datetime,
+                   half_life_days: Mapping[str, float]) -> float:
+    half_life = half_life_days.get(category) or DEFAULT_HALF_LIFE_DAYS
+    age_days = max((now - updated_at).total_seconds() / 86400, 0.0)
+    return RECENCY_FLOOR + (1 - RECENCY_FLOOR) * 0.5 ** (age_days / half_life)
+
+
+def subject_factor(*, subject: str, query: frozenset[str]) -> float:
+    subject_terms = term_set(subject)
+    if not subject_terms or not query:
+        return 1.0
+    return 1 + SUBJECT_BOOST * len(subject_terms & query) / len(subject_terms)
+
+
+def vector_signal(similarity: float) -> float:
+    return min(max((similarity - VECTOR_FLOOR) / (1 - VECTOR_FLOOR), 0.0), 1.0)
+
+
+def rank(
+    candidates: Iterable[Candidate],
+    *,
+    query: str,
+    now: datetime,
+    half_life_days: Mapping[str, float],
+    limit: int,
+    relative_cutoff: float = RELATIVE_CUTOFF,
+) -> list[Ranked]:
+    """The best `limit` candidates, best first, after the cut-offs (see the module doc)."""
+    candidates = list(candidates)
+    best_text = max((c.text_score for c in candidates), default=0.0)
+    query_set = term_set(query)
+    ranked = []
+    for c in candidates:
+        text = c.text_score / best_text if best_text > 0 and c.text_score > 0 else 0.0
+        weights = TEXT_WEIGHT
+        relevance = TEXT_WEIGHT * text
+        vector = 0.0
+        if c.vector_similarity is not None:
+            vector = vector_signal(c.vector_similarity)
+            weights += VECTOR_WEIGHT
+            relevance += VECTOR_WEIGHT * vector
+        relevance /= weights
+        if relevance <= 0:
+            continue  # neither the words nor the meaning match
+        importance = importance_factor(c.importance)
+        recency = recency_factor(category=c.category, updated_at=c.updated_at, now=now,
+                                 half_life_days=half_life_days)
+        subject = subject_factor(subject=c.subject, query=query_set)
+        ranked.append(Ranked(
+            id=c.id, score=relevance * importance * recency * subject,
+            text=text, vector=vector, importance=importance, recency=recency, subject=subject,
+        ))
+    ranked.sort(key=lambda r: (-r.score, r.id))
+    if ranked:
+        floor = ranked[0].score * relative_cutoff
+        ranked = [r for r in ranked if r.score >= floor]
+    return ranked[: max(limit, 0)]

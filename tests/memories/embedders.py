@@ -1,0 +1,30 @@
+"""Fake embedders for memory tests: deterministic, offline."""
+import re
+
+from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words
+from kinsite.llm.types import LLMError
+
+# Words a real embedder would place together; the fake maps each to one concept word.
+SYNONYMS = {
+    "likes": "prefers", "like": "prefers", "liked": "prefers", "prefer": "prefers",
+    "automobile": "car", "vehicle": "car",
+    "brief": "short", "concise": "short",
+    "replies": "answers", "reply": "answers", "answer": "answers",
+}
+
+
+class SynonymEmbedder(ScriptedProvider):
+    """The scripted provider's hashed bag of words, after folding synonyms together."""
+
+    def embed_result(self, texts, *, model=None):
+        result = super().embed_result(texts, model=model)
+        result.vectors = [
+            hashed_bag_of_words(" ".join(SYNONYMS.get(w, w) for w in re.findall(r"\w+", t.lower())))
+            for t in texts
+        ]
+        return result
+
+
+class BrokenEmbedder(ScriptedProvider):
+    def embed_result(self, texts, *, model=None):
+        raise LLMError("embedding endpoint down")

@@ -1,0 +1,206 @@
+"""Memory search: scope, ranking signals, relevance cut-off, odd input, retrieval
+counting, and the vector path with a fake embedder."""
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from kinsite.llm.providers import ScriptedProvider, provider_override
+from memories import services
+from memories.models import Memory
+from memories.selectors import memory_search
+from memories.services import Actor
+from tests.factories import KinFactory, MemoryFactory
+from tests.memories.embedders import BrokenEmbedder, SynonymEmbedder
+
+FILLER = [
+    "The office plants need water on Mondays",
+    "Tom owns the quarterly budget report",
+    "The staging server runs in Frankfurt",
+    "Aisha reviews every pull request before lunch",
+    "The newsletter goes out on the first Thursday",
+]
+
+
+@pytest.fixture(autouse=True)
+def private_cache(settings):
+    # Search caches BM25 scope statistics; a private cache keeps runs independent.
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                   "LOCATION": f"memories-tests-{uuid.uuid4()}"}}
+
+
+def add(team, kin, content, **kwargs):
+    return services.memory_add(team=team, kin=kin, content=content, actor=Actor(label="test"), **kwargs).memory
+
+
+def search(team, kin, query, **kwargs):
+    return memory_search(team=team, kin=kin, query=query, **{"limit": 10, **kwargs})
+
+
+def contents(hits):
+    return [hit.memory.content for hit in hits]
+
+
+def age(memory, days):
+    Memory.objects.filter(pk=memory.pk).update(updated_at=timezone.now() - timedelta(days=days))
+
+
+def test_hit_carries_memory_score_and_components(team, kin):
+    for text in FILLER:
+        add(team, kin, text)
+    memory = add(team, kin, "Maria prefers espresso after lunch", subject="Maria", importance=8)
+    [hit] = search(team, kin, "espresso")
+    assert hit.memory == memory
+    assert hit.score > 0
+    assert set(hit.components) == {"text", "vector", "importance", "recency", "subject"}
+    assert hit.components["text"] == 1.0 and hit.components["vector"] == 0.0
+
+
+def test_more_matching_words_rank_first(team, kin):
+    for text in FILLER:
+        add(team, kin, text)
+    add(team, kin, "The espresso machine is in the kitchen")
+    best = add(team, kin, "The espresso machine descaling happens monthly")
+    assert search(team, kin, "espresso machine descaling")[0].memory == best
+
+
+def test_importance_recency_and_subject_change_the_order(team, kin):
+    a = add(team, kin, "Deploys happen on Fridays after the retro", category="decision")
+    b = add(team, kin, "Deploys need two approvals in the retro", category="decision")
+    assert {h.memory for h in search(team, kin, "deploys retro")} == {a, b}
+
+    services.memory_update(memory=b, actor=Actor(label="test"), importance=10)
+    assert search(team, kin, "deploys retro")[0].memory == b
+
+    age(b, 90)  # a decision three months old sinks
+    assert search(team, kin, "deploys retro")[0].memory == a
+
+    services.memory_update(memory=b, actor=Actor(label="test"), category="fact")
+    age(b, 90)  # an equally old fact does not
+    assert search(team, kin, "deploys retro")[0].memory == b
+
+    c = add(team, kin, "Deploys are announced in the retro channel", subject="Friday deploys")
+    assert search(team, kin, "friday deploys retro")[0].memory == c
+
+
+def test_only_own_and_shared_memories_of_the_team_are_searched(team, kin, other_team):
+    own = add(team, kin, "The invoice template lives in the shared drive")
+    shared = add(team, None, "Invoice numbers restart every January")
+    add(team, KinFactory(team=team), "The invoice for Acme is overdue")
+    other_kin = KinFactory(team=other_team)
+    add(other_team, other_kin, "The invoice for Globex is paid")
+    add(other_team, None, "Invoice reminders go out weekly")
+
+    assert set(contents(search(team, kin, "invoice"))) == {own.content, shared.content}
+    assert contents(search(team, kin, "invoice", include_shared=False)) == [own.content]
+    assert contents(search(team, None, "invoice")) == [shared.content]
+
+
+def test_inactive_memories_are_not_returned(team, kin):
+    MemoryFactory(team=team, kin=kin, content="The old VPN uses port 1194", status=Memory.Status.DELETED)
+    MemoryFactory(team=team, kin=kin, content="The VPN moved to WireGuard", status=Memory.Status.SUPERSEDED)
+    active = MemoryFactory(team=team, kin=kin, content="VPN access needs a hardware key")
+    assert [hit.memory for hit in search(team, kin, "vpn")] == [active]
+
+
+def test_weak_and_unrelated_matches_are_cut(team, kin):
+    for text in FILLER:
+        add(team, kin, text)
+    strong = add(team, kin, "Maria drinks oat milk cappuccino every morning", importance=9, subject="Maria")
+    weak = add(team, kin, "We decided to buy oat biscuits for the party", category="decision", importance=1)
+    age(weak, 200)
+    hits = search(team, kin, "Maria oat milk cappuccino")
+    assert [hit.memory for hit in hits] == [strong]
+    assert search(team, kin, "zebra giraffe") == []
+
+
+def test_limit_defaults_to_memory_top_k(team, kin, settings):
+    settings.MEMORY_TOP_K = 3
+    for n in range(6):
+        add(team, kin, f"Backup job {n} runs nightly on host {n}")
+    assert len(memory_search(team=team, kin=kin, query="backup nightly")) == 3
+    assert len(search(team, kin, "backup nightly", limit=5)) == 5
+    assert search(team, kin, "backup nightly", limit=0) == []
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "", "   ", "!!!", "the and of", '"unbalanced quote', "a AND b OR NOT c", "NEAR(a b)", "col:foo*",
+        "x" * 5000, "word " * 1000, "🍕🚀 pizza 🍕", "'; DROP TABLE memories_memory; --", "\x00nul", "-- /* */",
+        "SELECT * FROM memories_memory WHERE 1=1", "(((", "^a$", "ñandú café", "%_%",
+    ],
+)
+def test_any_query_text_is_safe(team, kin, query):
+    add(team, kin, "Pizza night is every Friday")
+    hits = search(team, kin, query)
+    assert isinstance(hits, list)
+    if not query.strip() or query in {"!!!", "the and of", "-- /* */", "((("}:
+        assert hits == []
+
+
+def test_retrieval_is_counted_only_when_asked(team, kin):
+    hit_memory = add(team, kin, "The printer is on the third floor")
+    miss = add(team, kin, "Parking is free on weekends")
+    search(team, kin, "printer")
+    hit_memory.refresh_from_db()
+    assert hit_memory.retrieval_count == 0 and hit_memory.last_retrieved_at is None
+
+    search(team, kin, "printer floor", count_retrieval=True)
+    search(team, kin, "printer", count_retrieval=True)
+    hit_memory.refresh_from_db()
+    miss.refresh_from_db()
+    assert hit_memory.retrieval_count == 2 and hit_memory.last_retrieved_at is not None
+    assert miss.retrieval_count == 0
+
+
+def test_category_filter(team, kin):
+    add(team, kin, "Coffee is free in the kitchen", category="fact")
+    pref = add(team, kin, "Maria takes her coffee black", category="preference")
+    assert [h.memory for h in search(team, kin, "coffee", category="preference")] == [pref]
+
+
+# --- vectors ------------------------------------------------------------------------------
+
+
+def test_close_vector_finds_a_memory_without_shared_words(team, kin):
+    with provider_override(SynonymEmbedder()):
+        for text in FILLER:
+            add(team, kin, text)
+        parked = add(team, kin, "The automobile is parked downstairs")
+        hits = search(team, kin, "where is my car")
+    assert [hit.memory for hit in hits] == [parked]
+    assert hits[0].components["text"] == 0 and hits[0].components["vector"] > 0
+
+
+def test_text_and_vector_are_fused(team, kin):
+    with provider_override(ScriptedProvider()):
+        for text in FILLER:
+            add(team, kin, text)
+        memory = add(team, kin, "Maria prefers short answers")
+        [hit] = search(team, kin, "short answers")
+    assert hit.memory == memory
+    assert hit.components["text"] == 1.0 and hit.components["vector"] > 0.5
+
+
+def test_memories_without_vectors_are_still_found_by_text(team, kin):
+    old = add(team, kin, "Server passwords rotate every quarter")  # written before an embedder existed
+    with provider_override(ScriptedProvider()):
+        assert [hit.memory for hit in search(team, kin, "passwords rotate")] == [old]
+
+
+def test_failing_query_embedder_falls_back_to_text(team, kin):
+    memory = add(team, kin, "Server passwords rotate every quarter")
+    with provider_override(BrokenEmbedder()):
+        assert [hit.memory for hit in search(team, kin, "passwords")] == [memory]
+
+
+def test_query_count_is_bounded_and_does_not_grow_with_memories(team, kin, django_assert_max_num_queries):
+    for n in range(3):
+        add(team, kin, f"Invoice {n} for the cluster upgrade")
+    search(team, kin, "invoice cluster")  # fills the cached scope statistics
+    MemoryFactory.create_batch(30, team=team, kin=kin, content="Invoice for the cluster")
+    # SQLite: search + rows; PostgreSQL: lexemes + search + rows.
+    with django_assert_max_num_queries(3):
+        assert search(team, kin, "invoice cluster")
