@@ -76,9 +76,15 @@ def test_run_command_serves_dashboard_and_healthz_with_demo_data(tmp_path):
             assert "Ada" in kins_page.text
             assert browser.get("/static/kinsite/dashboard.css").status_code == 200
 
-        kins = httpx.get(f"{base}/api/v1/kins/", headers={"Authorization": f"Bearer {second['token']}"})
+        auth = {"Authorization": f"Bearer {second['token']}"}
+        kins = httpx.get(f"{base}/api/v1/kins/", headers=auth)
         assert kins.status_code == 200
         assert [k["id"] for k in kins.json()["results"]] == [first["kin_id"]]
+        # The demo kin has memories, created once however often create_demo runs.
+        memories = httpx.get(f"{base}/api/v1/kins/{first['kin_id']}/memories/", headers=auth).json()["results"]
+        assert len(memories) == 4
+        assert all(len(httpx.get(f"{base}/api/v1/memories/{m['id']}/history/", headers=auth).json()["results"]) == 1
+                   for m in memories)
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -7,6 +7,8 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from kinsite.models import Team
+from memories.models import Memory
+from memories.services import Actor, memory_add
 from kinsite.services import api_token_issue, demo_user_ensure, membership_ensure, team_create
 from sessions_app.models import Kin, Session
 from sessions_app.services import ImportItem, kin_create, messages_import, session_create
@@ -24,6 +26,13 @@ DEMO_MESSAGES = [
     ("Ada", "assistant", "Got it. Do you deduplicate by email or by customer id?"),
     ("Maria", "user", "By customer id. Emails change too often. Also, please keep answers short."),
     ("Ada", "assistant", "Noted: deduplicate by customer id, and short answers."),
+]
+
+DEMO_MEMORIES = [
+    ("preference", "Maria", 8, "Maria prefers short answers."),
+    ("decision", "Customer export", 7, "Customer CSV exports are deduplicated by customer id, not by email."),
+    ("fact", "Maria", 5, "Maria runs the data team at Northwind."),
+    ("knowledge", "Quarterly report", 4, "The quarterly report is built from the cleaned customer CSV exports."),
 ]
 
 
@@ -57,6 +66,13 @@ class Command(BaseCommand):
                 for index, (sender, role, text) in enumerate(DEMO_MESSAGES, start=1)
             ],
         )
+        for category, subject, importance, content in DEMO_MEMORIES:
+            if not Memory.objects.filter(team=team, kin=kin, content=content).exists():
+                memory_add(
+                    team=team, kin=kin, content=content, category=category, subject=subject,
+                    importance=importance, source=Memory.Source.ADMIN, source_ref="create_demo",
+                    actor=Actor(label="command:create_demo"),
+                )
         _, raw_token = api_token_issue(team=team, name="create_demo", user=user)
         self.stdout.write(f"Demo team {team.slug!r}, kin {kin.name!r} (id {kin.pk}), session {session.pk}.")
         self.stdout.write(
