@@ -33,7 +33,8 @@ def message_list(*, session: Session):
 
 def history_search(*, query: str, limit: int, session: Session | None = None, kin: Kin | None = None) -> list[Event]:
     """Messages of one session, or of all a kin's sessions, ranked by full-text
-    relevance; each returned Event carries a `score` (higher is better)."""
+    relevance with their neighbours' relevance as context (see rank_with_neighbours);
+    each returned Event carries a `score` (higher is better)."""
     if (session is None) == (kin is None):
         raise ValueError("history_search needs exactly one of session or kin")
     terms = query_terms(query)
@@ -44,15 +45,17 @@ def history_search(*, query: str, limit: int, session: Session | None = None, ki
     else:
         scope_sql = "e.session_id IN (SELECT id FROM sessions_app_session WHERE kin_id = %(scope)s)"
         scope_param = kin.pk
+    pool = max(limit, NEIGHBOUR_POOL)
     if connection.vendor == "postgresql":
-        ranked = _search_postgresql(terms, scope_sql, scope_param, limit)
+        windows = _search_postgresql(terms, scope_sql, scope_param, pool)
     else:
-        ranked = _search_sqlite(terms, scope_sql, scope_param, limit)
+        windows = _search_sqlite(terms, scope_sql, scope_param, pool)
+    ranked = rank_with_neighbours(windows)[:limit]
     events = Event.objects.in_bulk([event_id for event_id, _ in ranked])
     hits = []
     for event_id, score in ranked:
         event = events[event_id]
-        event.score = float(score)
+        event.score = score
         hits.append(event)
     return hits
 
@@ -62,50 +65,119 @@ BM25_K1 = 1.2
 BM25_B = 0.75
 # A match in the sender name counts half a match in the content (as on SQLite).
 SENDER_WEIGHT = 0.5
+# In a conversation the words of a question are often split over a turn and the
+# one before or after it ("What did you research?" / "Adoption agencies."), so
+# a message also earns this share of its better-scoring adjacent message's score.
+# Half: the message's own words stay the main evidence.
+NEIGHBOUR_WEIGHT = 0.5
+# How many of the best-scoring messages are rescored with their neighbours. It
+# bounds the neighbour look-ups (two index probes each) whatever the history
+# length, and equals SEARCH_MAX_LIMIT so that every allowed limit ranks the same
+# pool: a smaller limit returns a prefix of a larger one.
+NEIGHBOUR_POOL = 100
 
 
-def _search_postgresql(terms, scope_sql, scope_param, limit):
+def rank_with_neighbours(windows) -> list[tuple[int, float]]:
+    """(id, score) best first, from rows (id, own score, previous message's own
+    score, next message's own score); a neighbour that matched no query word
+    scores 0. Only messages that match the query are ranked: context raises a
+    match, it does not turn a non-matching message into a hit."""
+    scored = [
+        (event_id, float(own) + NEIGHBOUR_WEIGHT * max(float(previous or 0), float(following or 0)))
+        for event_id, own, previous, following in windows
+    ]
+    return sorted(scored, key=lambda hit: (-hit[1], hit[0]))
+
+
+# The messages just before and just after a seed, in the order of Event.Meta
+# (created_at, id), within the seed's session; served by the partial index
+# event_message_timeline (migration 0003). `s` is the seed row.
+_PREVIOUS_MESSAGE = """(
+    SELECT m.id FROM sessions_app_event m
+    WHERE m.session_id = s.session_id AND m.kind = 'message' AND (m.created_at, m.id) < (s.created_at, s.id)
+    ORDER BY m.created_at DESC, m.id DESC LIMIT 1
+)"""
+_NEXT_MESSAGE = """(
+    SELECT m.id FROM sessions_app_event m
+    WHERE m.session_id = s.session_id AND m.kind = 'message' AND (m.created_at, m.id) > (s.created_at, s.id)
+    ORDER BY m.created_at, m.id LIMIT 1
+)"""
+# From `scored` (id, session_id, created_at, score: every matching message of the
+# scope), the best `pool` seeds with the ids of their neighbours. Each backend
+# then looks up the neighbours' scores in `scored` the way its planner does best.
+_SEEDS_WITH_NEIGHBOURS = f"""
+    seeds AS (
+        SELECT id, session_id, created_at, score FROM scored ORDER BY score DESC, id LIMIT %(pool)s
+    ),
+    windows AS MATERIALIZED (
+        SELECT s.id, s.score, {_PREVIOUS_MESSAGE} AS previous_id, {_NEXT_MESSAGE} AS next_id FROM seeds s
+    )
+"""
+# Scope statistics for BM25 on PostgreSQL: the average message length is taken
+# over at most this many of the scope's messages (whichever the index yields
+# first, not a random sample) rather than all of them, so reading it does not
+# grow with the history; BM25 only uses it to normalise lengths, and message
+# lengths do not drift much over a conversation, so an estimate is enough.
+LENGTH_SAMPLE = 1000
+
+
+def _search_postgresql(terms, scope_sql, scope_param, pool):
     """BM25 over the stored tsvector (migration 0002: search_tsv, content weighted A,
     sender B, with a partial GIN index). ts_rank has no inverse document frequency,
     so the score is computed here: candidates come from the GIN index, term
-    frequencies from the tsvector's positions, document frequencies and the
-    average length from the search scope."""
+    frequencies from the tsvector's weights (one per position), document
+    frequencies from the candidates, the number of messages from the scope (an
+    index-only count on event_message_timeline) and the average length from a
+    sample of it. Arithmetic is float8: numeric ln() and division cost more than
+    the rest of the query."""
     sql = f"""
         WITH query_lexemes AS (
             SELECT lexeme FROM unnest(to_tsvector('english', %(text)s))
         ),
         candidates AS (
-            SELECT e.id, e.search_tsv, length(e.search_tsv) AS doc_length
+            SELECT e.id, e.session_id, e.created_at, e.search_tsv, length(e.search_tsv)::float8 AS doc_length
             FROM sessions_app_event e
             WHERE e.kind = 'message' AND e.search_tsv @@ to_tsquery('english', %(tsquery)s) AND {scope_sql}
         ),
-        matches AS (
-            SELECT c.id, c.doc_length, v.lexeme,
-                   (SELECT sum(CASE WHEN w = 'A' THEN 1.0 ELSE %(sender_weight)s END) FROM unnest(v.weights) w)
-                       AS term_frequency
+        matches AS MATERIALIZED (
+            SELECT c.id, c.session_id, c.created_at, c.doc_length, v.lexeme,
+                   cardinality(v.weights)
+                   - (1 - %(sender_weight)s::float8) * cardinality(array_positions(v.weights, 'B')) AS term_frequency
             FROM candidates c, unnest(c.search_tsv) v
             WHERE v.lexeme IN (SELECT lexeme FROM query_lexemes)
         ),
         document_frequency AS (
-            SELECT lexeme, count(*) AS df FROM matches GROUP BY lexeme
+            SELECT lexeme, count(*)::float8 AS df FROM matches GROUP BY lexeme
         ),
-        scope_stats AS (
-            SELECT count(*) AS n, coalesce(avg(length(e.search_tsv)), 1) AS avg_length
-            FROM sessions_app_event e
-            WHERE e.kind = 'message' AND {scope_sql}
-        )
-        SELECT m.id,
-               sum(
-                   ln(1 + (s.n - d.df + 0.5) / (d.df + 0.5))
-                   * m.term_frequency * (%(k1)s + 1)
-                   / (m.term_frequency + %(k1)s * (1 - %(b)s + %(b)s * m.doc_length / s.avg_length))
-               ) AS score
-        FROM matches m
-        JOIN document_frequency d ON d.lexeme = m.lexeme
-        CROSS JOIN scope_stats s
-        GROUP BY m.id
-        ORDER BY score DESC, m.id
-        LIMIT %(limit)s
+        scope_size AS (
+            SELECT count(*)::float8 AS n FROM sessions_app_event e WHERE e.kind = 'message' AND {scope_sql}
+        ),
+        length_sample AS (
+            SELECT coalesce(avg(length(e.search_tsv)), 1)::float8 AS avg_length
+            FROM (
+                SELECT e.search_tsv FROM sessions_app_event e
+                WHERE e.kind = 'message' AND {scope_sql} LIMIT %(length_sample)s
+            ) e
+        ),
+        scored AS MATERIALIZED (
+            SELECT m.id, m.session_id, m.created_at,
+                   sum(
+                       ln(1 + (n.n - d.df + 0.5) / (d.df + 0.5))
+                       * m.term_frequency * (%(k1)s::float8 + 1)
+                       / (m.term_frequency
+                          + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * m.doc_length / l.avg_length))
+                   ) AS score
+            FROM matches m
+            JOIN document_frequency d ON d.lexeme = m.lexeme
+            CROSS JOIN scope_size n
+            CROSS JOIN length_sample l
+            GROUP BY m.id, m.session_id, m.created_at
+        ),
+        {_SEEDS_WITH_NEIGHBOURS}
+        SELECT w.id, w.score, previous.score, following.score
+        FROM windows w
+        LEFT JOIN scored previous ON previous.id = w.previous_id
+        LEFT JOIN scored following ON following.id = w.next_id
     """
     params = {
         "text": " ".join(terms),
@@ -114,26 +186,38 @@ def _search_postgresql(terms, scope_sql, scope_param, limit):
         "sender_weight": SENDER_WEIGHT,
         "k1": BM25_K1,
         "b": BM25_B,
-        "limit": limit,
+        "length_sample": LENGTH_SAMPLE,
+        "pool": pool,
     }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
 
-def _search_sqlite(terms, scope_sql, scope_param, limit):
+def _search_sqlite(terms, scope_sql, scope_param, pool):
     # sessions_app_event_fts is an external-content FTS5 table kept by triggers (migration 0002).
-    # bm25() is lower-is-better; weights: sender 0.5, content 1.0.
+    # bm25() is lower-is-better; weights: sender 0.5, content 1.0. Its statistics (number
+    # of rows, average length) are the FTS table's, across all sessions.
     sql = f"""
-        SELECT e.id, -bm25(sessions_app_event_fts, 0.5, 1.0) AS score
-        FROM sessions_app_event_fts
-        JOIN sessions_app_event e ON e.id = sessions_app_event_fts.rowid
-        WHERE sessions_app_event_fts MATCH %(match)s AND {scope_sql}
-        ORDER BY score DESC, e.id
-        LIMIT %(limit)s
+        WITH scored AS MATERIALIZED (
+            SELECT e.id, e.session_id, e.created_at, -bm25(sessions_app_event_fts, 0.5, 1.0) AS score
+            -- CROSS JOIN keeps the FTS match as the outer loop: otherwise SQLite may walk the
+            -- scope's messages through a covering index and run the match once per message.
+            FROM sessions_app_event_fts
+            CROSS JOIN sessions_app_event e ON e.id = sessions_app_event_fts.rowid
+            WHERE sessions_app_event_fts MATCH %(match)s AND {scope_sql}
+        ),
+        {_SEEDS_WITH_NEIGHBOURS}
+        -- Scalar look-ups, which SQLite serves from an automatic index on `scored`;
+        -- with LEFT JOINs it scans `scored` once per seed.
+        SELECT w.id, w.score,
+               (SELECT score FROM scored WHERE id = w.previous_id),
+               (SELECT score FROM scored WHERE id = w.next_id)
+        FROM windows w
     """
+    params = {"match": fts5_match_expression(terms), "scope": scope_param, "pool": pool}
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"match": fts5_match_expression(terms), "scope": scope_param, "limit": limit})
+        cursor.execute(sql, params)
         return cursor.fetchall()
 
 

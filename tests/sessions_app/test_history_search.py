@@ -5,6 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from sessions_app.models import Event
+from sessions_app.selectors import rank_with_neighbours
 from tests.factories import KinFactory, MessageFactory, SessionFactory
 from tests.sessions_app.test_api_access import assert_api_error
 
@@ -127,6 +128,71 @@ def test_limit_caps_the_number_of_hits(api_client, chat_session):
     assert len(hit_ids(session_search(api_client, chat_session, "zeppelin"))) == 10  # SEARCH_DEFAULT_LIMIT
     assert len(hit_ids(session_search(api_client, chat_session, "zeppelin", limit=3))) == 3
     assert len(hit_ids(session_search(api_client, chat_session, "zeppelin", limit=100))) == 15
+
+
+# --- neighbouring messages as context -------------------------------------------------
+
+
+def test_rank_with_neighbours_adds_half_the_better_neighbour_score():
+    rows = [(1, 2.0, None, None), (2, 1.0, 3.0, 0.5), (3, 1.0, None, 1.0)]
+
+    assert rank_with_neighbours(rows) == [(2, 2.5), (1, 2.0), (3, 1.5)]
+
+
+def test_message_next_to_a_match_of_another_query_word_ranks_first(api_client, chat_session):
+    add_messages(chat_session, FILLER[:5], prefix="f")
+    # Written first and as long as the answer, so without context it would win the tie.
+    MessageFactory(session=chat_session, content="the adoption papers arrived", external_id="lone")
+    add_messages(chat_session, FILLER[5:], prefix="g")
+    MessageFactory(session=chat_session, sender="Melanie", content="what did you research lately", external_id="q")
+    MessageFactory(session=chat_session, sender="Caroline", content="adoption agencies mostly", external_id="a")
+
+    ids = hit_ids(session_search(api_client, chat_session, "research adoption"))
+
+    assert ids.index("a") < ids.index("lone")
+    assert "q" in ids
+    assert "g4" not in ids  # context ranks matches; a non-matching neighbour is no hit
+
+
+def at(minute: int) -> datetime:
+    return datetime(2023, 5, 8, 13, minute, tzinfo=UTC)
+
+
+def test_neighbours_follow_time_order_within_the_session(api_client, chat_session):
+    MessageFactory(session=chat_session, content="the adoption papers arrived", created_at=at(40), external_id="lone")
+    MessageFactory(session=chat_session, content="adoption agencies mostly", created_at=at(10), external_id="a")
+    MessageFactory(session=chat_session, content="see you soon", created_at=at(30), external_id="x")
+    # Stored last but said just before the answer, with a tool call in between: still its neighbour.
+    MessageFactory(session=chat_session, content="what did you research", created_at=at(5), external_id="q")
+    MessageFactory(session=chat_session, kind=Event.Kind.TOOL_CALL, content="lookup", created_at=at(7))
+    # The same words in another session are no one's neighbour here.
+    MessageFactory(session=SessionFactory(kin=chat_session.kin), content="research research", created_at=at(2))
+
+    ids = hit_ids(session_search(api_client, chat_session, "research adoption"))
+
+    assert ids.index("a") < ids.index("lone")
+
+
+def test_neighbour_with_the_same_time_is_ordered_by_id(api_client, chat_session):
+    same = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)
+    MessageFactory(session=chat_session, content="the adoption papers arrived", created_at=same, external_id="lone")
+    MessageFactory(session=chat_session, content="see you soon", created_at=same, external_id="x")
+    MessageFactory(session=chat_session, content="what did you research", created_at=same, external_id="q")
+    MessageFactory(session=chat_session, content="adoption agencies mostly", created_at=same, external_id="a")
+
+    ids = hit_ids(session_search(api_client, chat_session, "research adoption"))
+
+    assert ids.index("a") < ids.index("lone")
+
+
+def test_smaller_limit_returns_a_prefix_of_a_larger_one(api_client, chat_session):
+    add_messages(chat_session, FILLER, prefix="f")
+    add_messages(chat_session, [f"zeppelin {n} and lantern {n % 3}" for n in range(12)], prefix="z")
+
+    full = hit_ids(session_search(api_client, chat_session, "zeppelin lantern 2", limit=100))
+
+    for limit in (1, 3, 10):
+        assert hit_ids(session_search(api_client, chat_session, "zeppelin lantern 2", limit=limit)) == full[:limit]
 
 
 # --- scope ----------------------------------------------------------------------------
