@@ -9,21 +9,19 @@ With DATABASE_URL it creates and drops a throwaway database `kinsite_bench` on
 that server; nothing is written to the configured databases."""
 import argparse
 import json
-import math
 import os
 import platform
 import re
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlparse, urlunparse
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import ROOT, ThrowawayDatabase, database_version, percentile  # noqa: E402
 
 BENCH_DATABASE = "kinsite_bench"
 KS = (5, 10, 20)
@@ -36,55 +34,6 @@ CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 
 # "D:11:26", "D"), so every id-shaped run in a string counts and the rest is dropped.
 EVIDENCE_ID = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
 SESSION_KEY = re.compile(r"session_(\d+)")
-
-
-# --- the throwaway database (before django.setup()) --------------------------------
-
-
-class ThrowawayDatabase:
-    """Points the settings at a fresh database: a temp SQLite file, or a new
-    PostgreSQL database on the DATABASE_URL server. Dropped on exit."""
-
-    def __init__(self):
-        self.url = os.environ.get("DATABASE_URL", "")
-        self.tempdir = None
-        self.admin_params = None
-
-    def __enter__(self):
-        if not self.url:
-            self.tempdir = tempfile.TemporaryDirectory(prefix="kinsite-bench-")
-            os.environ["KINSITE_DATA_DIR"] = self.tempdir.name
-            return self
-        parsed = urlparse(self.url)
-        if parsed.scheme not in ("postgres", "postgresql", "pgsql"):
-            raise SystemExit(f"DATABASE_URL must be PostgreSQL (or unset for SQLite), not {parsed.scheme}")
-        self.admin_params = {
-            "host": parsed.hostname or "localhost",
-            "port": parsed.port or 5432,
-            "user": parsed.username,
-            "password": parsed.password,
-            "dbname": "postgres",
-        }
-        self._admin(f"DROP DATABASE IF EXISTS {BENCH_DATABASE}")
-        self._admin(f"CREATE DATABASE {BENCH_DATABASE}")
-        os.environ["DATABASE_URL"] = urlunparse(parsed._replace(path=f"/{BENCH_DATABASE}"))
-        return self
-
-    def __exit__(self, *exc):
-        if self.tempdir is not None:
-            self.tempdir.cleanup()
-        if self.admin_params is not None:
-            from django.db import connections
-
-            connections.close_all()
-            self._admin(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
-            os.environ["DATABASE_URL"] = self.url
-
-    def _admin(self, sql):
-        import psycopg
-
-        with psycopg.connect(**self.admin_params, autocommit=True) as connection:
-            connection.execute(sql)
 
 
 # --- LoCoMo -----------------------------------------------------------------------
@@ -138,12 +87,6 @@ def evidence_ids(raw: list[str]) -> list[str]:
 
 
 # --- figures ------------------------------------------------------------------------
-
-
-def percentile(values: list[float], share: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(share * len(ordered))) - 1]
 
 
 def recall_summary(rows: list[dict]) -> dict:
@@ -237,7 +180,7 @@ def run(data_dir: Path) -> dict:
         "benchmark": "history_search",
         "date": datetime.now(UTC).date().isoformat(),
         "vendor": connection.vendor,
-        "database_version": _database_version(connection),
+        "database_version": database_version(connection),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -263,15 +206,6 @@ def run(data_dir: Path) -> dict:
             "searches": len(latencies_ms),
         },
     }
-
-
-def _database_version(connection) -> str:
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SHOW server_version")
-            return "PostgreSQL " + cursor.fetchone()[0]
-        cursor.execute("SELECT sqlite_version()")
-        return "SQLite " + cursor.fetchone()[0]
 
 
 def print_table(figures: dict) -> None:
@@ -304,7 +238,7 @@ def main(argv=None) -> int:
     data_dir = args.data.resolve()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kinsite.settings")
-    with ThrowawayDatabase():
+    with ThrowawayDatabase(BENCH_DATABASE):
         import django
 
         django.setup()
