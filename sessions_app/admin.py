@@ -2,7 +2,7 @@
 from django.contrib import admin
 
 from kinsite.admin_mixins import ReadOnlyAdminMixin
-from sessions_app.models import Event, Kin, Session
+from sessions_app.models import Event, Kin, Session, Summary, Turn
 
 
 @admin.register(Kin)
@@ -28,3 +28,18 @@ class EventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     search_fields = ["content", "sender", "external_id"]
     list_select_related = ["session"]
     show_full_result_count = False
+
+
+@admin.register(Turn)
+class TurnAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["id", "session", "status", "is_async", "tool_calls", "prompt_tokens", "tokens_in", "tokens_out", "created_at", "finished_at"]
+    list_filter = ["status", "is_async"]
+    search_fields = ["error"]
+    list_select_related = ["session"]
+
+
+@admin.register(Summary)
+class SummaryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["id", "session", "message_count", "first_at", "last_at", "token_count", "created_at"]
+    search_fields = ["content"]
+    list_select_related = ["session"]

@@ -105,3 +105,61 @@ class Event(models.Model):
 
     def __str__(self):
         return f"{self.kind} #{self.pk}"
+
+
+class Turn(models.Model):
+    """One chat turn: the user's message in, the kin's reply out, and what happened
+    between (status, error, tool calls, tokens). Async posts are polled through it."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
+    user_message = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    reply = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    is_async = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    tool_calls = models.PositiveSmallIntegerField(default=0)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["session", "status"], name="turn_session_status")]
+
+    def __str__(self):
+        return f"Turn {self.pk} ({self.status})"
+
+
+class Summary(models.Model):
+    """A compaction summary: everything of the session from first_event to
+    last_event (inclusive) folded into structured text. The newest summary of a
+    session replaces the messages it covers in the prompt; the raw messages stay."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="summaries")
+    content = models.TextField()
+    first_event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
+    last_event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="+")
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+    message_count = models.PositiveIntegerField()
+    token_count = models.PositiveIntegerField(default=0)
+    # The summary this one merged (compactions chain).
+    previous = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        verbose_name_plural = "summaries"
+        indexes = [models.Index(fields=["session", "-created_at"], name="summary_session_newest")]
+
+    def __str__(self):
+        return f"Summary {self.pk} of session {self.session_id}"
