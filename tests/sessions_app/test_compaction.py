@@ -1,0 +1,373 @@
+"""Compaction (SPEC §5): past the threshold a summary is made with the structured prompt,
+covering all but the newest keep window; the newest summary is the boundary the next
+prompt reads; a second compaction merges the first. Token counts are real tiktoken."""
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core.cache import cache
+
+from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.types import LLMError, LLMHTTPError
+from kinsite.models import LLMCall
+from kinsite.tokencount import count_tokens
+from sessions_app.compaction import (
+    LOCK_KEY,
+    compaction_cut,
+    compaction_needed,
+    latest_summary,
+    session_compact,
+    unsummarised_events,
+)
+from sessions_app.history import HistoryItem
+from sessions_app.models import Event, Summary
+from sessions_app.tasks import compact_session_task
+from tests.factories import MessageFactory
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+BUDGET = 300  # trigger above 225 tokens, keep the newest 75
+
+FIRST_SUMMARY = (
+    "## Key facts & decisions\n- Maria: the churn report is due Friday.\n"
+    "## Completed work\n- Region figures collected.\n"
+    "## Open threads\n- Maria asked for the revised churn numbers.\n"
+    "## Conversation dynamics\nNothing notable."
+)
+SECOND_SUMMARY = (
+    "## Key facts & decisions\n- Maria: churn report due Friday; Tom: budget approved.\n"
+    "## Completed work\n- Churn numbers revised.\n"
+    "## Open threads\n- Tom's budget slides.\n"
+    "## Conversation dynamics\nNothing notable."
+)
+
+
+def at(minute: int) -> datetime:
+    return T0 + timedelta(minutes=minute)
+
+
+def say(session, minute: int, content: str, *, sender: str = "Maria", role: str = Event.Role.USER) -> Event:
+    return MessageFactory(session=session, created_at=at(minute), content=content, sender=sender, role=role)
+
+
+def chatter(session, first_minute: int, count: int) -> list[Event]:
+    """`count` messages, a minute apart, alternating Maria and the kin (14 tokens each)."""
+    events = []
+    for i in range(count):
+        minute = first_minute + i
+        if i % 2:
+            events.append(say(session, minute, f"Noted: region {minute} gets the revised churn numbers by Friday.",
+                              sender="", role=Event.Role.ASSISTANT))
+        else:
+            events.append(say(session, minute, f"Please add region {minute} to the quarterly churn report for the board."))
+    return events
+
+
+def tool_call(session, minute: int, call_id: str, name: str, arguments: dict) -> Event:
+    raw = json.dumps(arguments)
+    return MessageFactory(
+        session=session, created_at=at(minute), kind=Event.Kind.TOOL_CALL, role=Event.Role.ASSISTANT,
+        sender="", content="", token_count=count_tokens(name + raw),
+        data={"tool_calls": [{"id": call_id, "name": name, "arguments": raw}]},
+    )
+
+
+def tool_result(session, minute: int, call_id: str, name: str, content: str) -> Event:
+    return MessageFactory(
+        session=session, created_at=at(minute), kind=Event.Kind.TOOL_RESULT, role=Event.Role.TOOL,
+        sender="", content=content, data={"tool_call_id": call_id, "name": name},
+    )
+
+
+def expected_kept(events: list[Event], keep_tokens: int) -> list[Event]:
+    """The newest plain messages whose tokens fit the keep window."""
+    kept, total = [], 0
+    for event in reversed(events):
+        if total + event.token_count > keep_tokens:
+            break
+        kept.insert(0, event)
+        total += event.token_count
+    return kept
+
+
+def sent_prompt(provider: ScriptedProvider, call: int = -1) -> str:
+    return "\n".join(message["content"] for message in provider.calls[call].messages)
+
+
+@pytest.fixture
+def session(chat_session):
+    chat_session.kin.history_token_budget = BUDGET
+    chat_session.kin.save()
+    return chat_session
+
+
+@pytest.fixture
+def llm():
+    with provider_override(ScriptedProvider()) as provider:
+        yield provider
+
+
+# --- the trigger ---------------------------------------------------------------------------
+
+
+def test_below_threshold_no_summary_and_no_model_call(session, llm):
+    chatter(session, 0, 6)  # 84 tokens of 225
+
+    assert compaction_needed(session=session) is False
+    assert session_compact(session=session) is None
+    assert not Summary.objects.exists()
+    assert llm.calls == []
+
+
+def test_trigger_counts_history_kinds_only_in_two_queries(session, llm, django_assert_num_queries):
+    chatter(session, 0, 6)
+    MessageFactory(session=session, kind=Event.Kind.COMMAND, content="/checkpoint", token_count=10_000,
+                   created_at=at(10))
+    with django_assert_num_queries(2):
+        assert compaction_needed(session=session) is False
+
+    chatter(session, 20, 12)  # now 252 tokens of history
+
+    assert compaction_needed(session=session) is True
+
+
+# --- the first compaction ------------------------------------------------------------------
+
+
+def test_summary_covers_everything_but_the_keep_window(session, llm):
+    events = chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY)
+    kept = expected_kept(events, BUDGET // 4)
+    covered = events[: len(events) - len(kept)]
+    assert kept and sum(e.token_count for e in events) > 0.75 * BUDGET
+
+    summary = session_compact(session=session)
+
+    assert summary is not None
+    assert summary.content == FIRST_SUMMARY
+    assert summary.first_event == events[0]
+    assert summary.last_event == covered[-1]
+    assert (summary.first_at, summary.last_at) == (events[0].created_at, covered[-1].created_at)
+    assert summary.message_count == len(covered)
+    assert summary.token_count == count_tokens(FIRST_SUMMARY)
+    assert summary.previous is None
+    # What the next prompt's selector reads: this summary, then exactly the kept messages.
+    assert latest_summary(session) == summary
+    assert list(unsummarised_events(session=session, summary=summary)) == kept
+    assert compaction_needed(session=session) is False
+    [call] = LLMCall.objects.filter(purpose="compaction")
+    assert (call.status, call.kin_id, call.team_id) == (LLMCall.Status.OK, session.kin_id, session.kin.team_id)
+
+
+def test_prompt_has_header_four_sections_and_never_drop_open_threads(session, llm):
+    events = chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY)
+
+    summary = session_compact(session=session)
+
+    covered = [e for e in events if e.created_at <= summary.last_at]
+    prompt = sent_prompt(llm)
+    assert f"Transcript: 2026-03-02T09:00:00+00:00 to {summary.last_at.isoformat()}, {len(covered)} messages." in prompt
+    for section in ("## Key facts & decisions", "## Completed work", "## Open threads", "## Conversation dynamics"):
+        assert section in prompt
+    assert "never drop an unresolved thread" in prompt
+    assert "attributed to who said" in prompt
+    assert "Only if relevant" in prompt
+    # The transcript: sender, time and content of every covered message, none of the kept ones.
+    assert "[2026-03-02T09:00:00+00:00] Maria: Please add region 0 to the quarterly churn report" in prompt
+    assert f"[2026-03-02T09:01:00+00:00] {session.kin.name}: Noted: region 1" in prompt
+    assert events[-1].content not in prompt
+    assert "previous summary" not in prompt
+
+
+@pytest.mark.parametrize("pair_fits", [True, False])
+def test_tool_call_and_its_result_are_never_split(session, llm, pair_fits):
+    older = chatter(session, 0, 14)
+    tool_call(session, 20, "call_early", "memory_recall", {"query": "churn deadline"})
+    tool_result(session, 21, "call_early", "memory_recall", "Churn report due Friday.")
+    last_old = say(session, 22, "Thanks, that matches what I remembered about the deadline.")
+    call = tool_call(session, 30, "call_late", "memory_recall", {"query": "board meeting date and agenda"})
+    result = tool_result(session, 31, "call_late", "memory_recall", "Board meeting on the 12th: churn, budget.")
+    newest = [say(session, 32, "Great, put churn first on the agenda."),
+              say(session, 33, "Done.", sender="", role=Event.Role.ASSISTANT)]
+    # A keep window that always fits the result and the newest messages, so a naive cut
+    # would fall between the call and its result; with the call it fits or not.
+    keep = result.token_count + sum(e.token_count for e in newest) + call.token_count - (0 if pair_fits else 1)
+    session.kin.history_token_budget = 4 * keep + 3  # int(0.25 * budget) == keep
+    session.kin.save()
+    assert sum(e.token_count for e in older) > 0.75 * session.kin.history_token_budget
+    llm.add(FIRST_SUMMARY)
+
+    summary = session_compact(session=session)
+
+    kept = list(unsummarised_events(session=session, summary=summary))
+    prompt = sent_prompt(llm)
+    if pair_fits:
+        assert summary.last_event == last_old
+        assert kept == [call, result, *newest]
+        assert "board meeting date" not in prompt
+    else:
+        assert summary.last_event == result
+        assert kept == newest
+        assert "board meeting date" in prompt and "Board meeting on the 12th" in prompt
+    # Summarised tool traffic is shown compactly, the call with its arguments, the result clipped.
+    assert '] Kin' in prompt and 'called memory_recall({"query": "churn deadline"})' in prompt
+    assert "memory_recall returned: Churn report due Friday." in prompt
+    assert summary.message_count == len(older) + 1  # tool events are not messages
+
+
+# --- the second compaction merges the first ------------------------------------------------
+
+
+def test_second_compaction_merges_the_first(session, llm):
+    first_events = chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY, SECOND_SUMMARY)
+    first = session_compact(session=session)
+    second_events = chatter(session, 100, 16)
+    assert compaction_needed(session=session) is True
+
+    second = session_compact(session=session)
+
+    assert second.previous == first
+    assert second.first_event == first_events[0]
+    assert second.first_at == first_events[0].created_at
+    assert second.last_at > first.last_at
+    prompt = sent_prompt(llm)
+    assert FIRST_SUMMARY in prompt
+    assert "Merge it with the new transcript" in prompt
+    assert "close resolved threads, add new ones, keep the rest" in prompt
+    assert f"covers 2026-03-02T09:00:00+00:00 to {first.last_at.isoformat()} ({first.message_count} messages)" in prompt
+    # The new transcript starts right after the first boundary: the first keep window.
+    assert first_events[-1].content in prompt
+    assert first_events[0].content not in prompt
+    newly_covered = Event.objects.filter(session=session, created_at__gt=first.last_at,
+                                         created_at__lte=second.last_at).count()
+    assert second.message_count == first.message_count + newly_covered
+    assert "Covered by the summary you write: 2026-03-02T09:00:00+00:00" in prompt
+    # The next prompt reads the newest summary and only what follows it.
+    assert latest_summary(session) == second
+    kept = list(unsummarised_events(session=session, summary=second))
+    assert kept == expected_kept(first_events + second_events, BUDGET // 4)
+
+
+# --- failures and duplicates ---------------------------------------------------------------
+
+
+def test_failing_model_leaves_no_summary_and_messages_unchanged(session, llm):
+    chatter(session, 0, 20)
+    before = list(Event.objects.order_by("id").values())
+    llm.add(LLMHTTPError("The model endpoint answered HTTP 503: overloaded", status_code=503))
+
+    with pytest.raises(LLMError):
+        session_compact(session=session)
+
+    assert not Summary.objects.exists()
+    assert list(Event.objects.order_by("id").values()) == before
+    [call] = LLMCall.objects.filter(purpose="compaction")
+    assert call.status == LLMCall.Status.ERROR
+    assert compaction_needed(session=session) is True  # the next run tries again
+    assert cache.get(LOCK_KEY.format(session_id=session.pk)) is None
+
+
+def test_empty_answer_is_an_error_and_writes_nothing(session, llm):
+    chatter(session, 0, 20)
+    llm.add("   ")
+
+    with pytest.raises(LLMError):
+        session_compact(session=session)
+
+    assert not Summary.objects.exists()
+
+
+def test_duplicate_task_run_makes_one_summary(session, llm):
+    chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY)  # a second model call would exhaust the script and fail
+
+    compact_session_task(session.pk)
+    compact_session_task(session.pk)
+
+    assert Summary.objects.filter(session=session).count() == 1
+    assert len(llm.calls) == 1
+
+
+def test_run_skips_while_another_holds_the_session(session, llm):
+    chatter(session, 0, 20)
+    key = LOCK_KEY.format(session_id=session.pk)
+    assert cache.add(key, "other-worker", timeout=60)
+    try:
+        assert session_compact(session=session) is None
+    finally:
+        cache.delete(key)
+
+    assert not Summary.objects.exists()
+    assert llm.calls == []
+
+
+def test_task_via_delay_compacts(session, llm):
+    chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY)
+
+    compact_session_task.delay(session.pk)
+
+    assert latest_summary(session).content == FIRST_SUMMARY
+
+
+def test_worker_run_hands_a_model_failure_to_celery_retries(session, llm):
+    # Called directly the task runs as on a worker (not eager), where autoretry turns the
+    # LLM error into a retry with backoff; Celery re-raises it when called directly.
+    chatter(session, 0, 20)
+    llm.add(LLMHTTPError("HTTP 503", status_code=503))
+
+    with pytest.raises(LLMHTTPError):
+        compact_session_task(session.pk)
+
+    assert not Summary.objects.exists()
+    assert compact_session_task.autoretry_for == (LLMError,)
+    assert (compact_session_task.max_retries, compact_session_task.retry_backoff) == (3, True)
+
+
+def test_eager_run_logs_a_model_failure_without_raising(session, llm):
+    # Eagerly the task runs inside the request that enqueued it: the failure must not
+    # become that request's error. The next turn over the threshold enqueues it again.
+    chatter(session, 0, 20)
+    llm.add(LLMHTTPError("HTTP 503", status_code=503))
+
+    compact_session_task.delay(session.pk)
+
+    assert not Summary.objects.exists()
+    assert LLMCall.objects.get(purpose="compaction").status == LLMCall.Status.ERROR
+    assert compaction_needed(session=session) is True
+
+
+def test_task_for_a_missing_session_is_a_no_op(db, llm):
+    compact_session_task.delay(987654)
+
+    assert llm.calls == []
+
+
+# --- the cut (pure) ------------------------------------------------------------------------
+
+
+def _item(id_, tokens, *, call_ids=(), answers=None):
+    return HistoryItem(id=id_, role="user", kind="message", tokens=tokens, tool_call_ids=tuple(call_ids),
+                       tool_call_id=answers)
+
+
+def test_cut_keeps_the_newest_unit_even_over_the_keep_window():
+    items = [_item(1, 10), _item(2, 10), _item(3, 500)]
+
+    assert compaction_cut(items, keep_tokens=100) == 2
+
+
+def test_cut_moves_before_interleaved_tool_calls():
+    # Call a (2) answered at 5, call b (3) answered at 4: no clean cut between 2 and 5.
+    items = [_item(1, 10), _item(2, 10, call_ids=["a"]), _item(3, 10, call_ids=["b"]),
+             _item(4, 10, answers="b"), _item(5, 10, answers="a"), _item(6, 10)]
+
+    assert compaction_cut(items, keep_tokens=50) == 1
+    assert compaction_cut(items, keep_tokens=40) == 5
+
+
+def test_cut_of_a_single_unit_is_nothing():
+    items = [_item(1, 10, call_ids=["a"]), _item(2, 900, answers="a")]
+
+    assert compaction_cut(items, keep_tokens=10) == 0
