@@ -1,10 +1,14 @@
 """Fixtures shared by the whole suite."""
+from collections.abc import Iterator
+
 import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from kinsite.llm.providers import OpenAICompatibleProvider, provider_override
 from kinsite.services import api_token_issue
 from tests.factories import KinFactory, MembershipFactory, SessionFactory, TeamFactory, UserFactory
+from tests.support.fake_openai import FakeOpenAIServer, fake_openai_server
 
 
 def pytest_collection_modifyitems(config, items):
@@ -70,3 +74,35 @@ def api_client(team, user):
 @pytest.fixture
 def anon_client():
     return APIClient()
+
+
+# --- the LLM, faked (SPEC §10: tests never touch the network) --------------------------------
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[FakeOpenAIServer]:
+    """A running fake OpenAI-compatible server."""
+    yield from fake_openai_server()
+
+
+@pytest.fixture
+def fake_llm_provider(fake_llm: FakeOpenAIServer) -> Iterator[OpenAICompatibleProvider]:
+    """The real HTTP provider against the fake server, with limits small enough for fast tests."""
+    provider = OpenAICompatibleProvider(
+        base_url=fake_llm.base_url,
+        api_key="test-key",
+        model="fake-model",
+        embedding_model="fake-embedding",
+        timeout=0.3,
+        max_retries=2,
+        backoff=0.01,
+    )
+    yield provider
+    provider.close()
+
+
+@pytest.fixture
+def fake_llm_gateway(fake_llm_provider: OpenAICompatibleProvider) -> Iterator[OpenAICompatibleProvider]:
+    """Every gateway call (chat turns, memory embeddings, compaction) goes to the fake server."""
+    with provider_override(fake_llm_provider) as provider:
+        yield provider

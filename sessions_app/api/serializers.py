@@ -1,8 +1,8 @@
-"""Serializers for kins, sessions, messages, imports and history search."""
+"""Serializers for kins, sessions, messages, imports, history search, chat turns and the prompt preview."""
 from django.conf import settings
 from rest_framework import serializers
 
-from sessions_app.models import Event, Kin, Session
+from sessions_app.models import Event, Kin, Session, Turn
 
 
 class KinSerializer(serializers.ModelSerializer):
@@ -137,3 +137,108 @@ class HistoryHitSerializer(serializers.ModelSerializer):
         model = Event
         fields = ["id", "session", "external_id", "sender", "role", "platform", "created_at", "content", "score"]
         read_only_fields = fields
+
+
+# --- chat turns and the prompt preview ------------------------------------------------------
+
+
+class MessagePostSerializer(serializers.Serializer):
+    content = _content_field()
+    sender = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    platform = serializers.ChoiceField(choices=Event.Platform.choices, required=False, default=Event.Platform.API)
+
+    def validate_content(self, value):
+        if not value.strip():
+            raise serializers.ValidationError("Message content must not be blank.")
+        return value
+
+
+class TurnSerializer(serializers.ModelSerializer):
+    # A plain string in the schema: as an enum, "status" would collide with Memory's status enum.
+    status = serializers.CharField(read_only=True, help_text="pending, running, done or failed.")
+    message = MessageSerializer(source="user_message", read_only=True)
+    reply = MessageSerializer(read_only=True)
+    command = serializers.SerializerMethodField()
+    new_session_id = serializers.SerializerMethodField()
+    tool_call_limit_reached = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Turn
+        fields = [
+            "id",
+            "session",
+            "status",
+            "is_async",
+            "error",
+            "message",
+            "reply",
+            "command",
+            "new_session_id",
+            "tool_calls",
+            "tool_call_limit_reached",
+            "prompt_tokens",
+            "tokens_in",
+            "tokens_out",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    def _event_data(self, turn, field_name) -> dict:
+        event = getattr(turn, field_name)
+        return (event.data or {}) if event is not None else {}
+
+    def get_command(self, turn) -> str | None:
+        return self._event_data(turn, "user_message").get("command")
+
+    def get_new_session_id(self, turn) -> int | None:
+        return self._event_data(turn, "reply").get("new_session_id")
+
+    def get_tool_call_limit_reached(self, turn) -> bool:
+        return bool(self._event_data(turn, "reply").get("tool_call_limit_reached"))
+
+
+class PromptPreviewQuerySerializer(serializers.Serializer):
+    message = serializers.CharField(
+        max_length=settings.MESSAGE_MAX_CHARS, required=False, allow_blank=True, default="", trim_whitespace=False
+    )
+    sender = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    platform = serializers.ChoiceField(choices=Event.Platform.choices, required=False, default=Event.Platform.API)
+
+
+class PromptSectionSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    title = serializers.CharField()
+    text = serializers.CharField()
+    tokens = serializers.IntegerField()
+
+
+class PromptHistoryItemSerializer(serializers.Serializer):
+    """One selected history item; `id` and `created_at` are null for the previewed message
+    (not stored), `sent` is the message exactly as the model receives it."""
+
+    id = serializers.IntegerField(allow_null=True)
+    kind = serializers.CharField()
+    role = serializers.CharField()
+    sender = serializers.CharField()
+    platform = serializers.CharField()
+    created_at = serializers.DateTimeField(allow_null=True)
+    content = serializers.CharField(allow_blank=True)
+    tokens = serializers.IntegerField()
+    sent = serializers.DictField()
+
+
+class PromptTotalsSerializer(serializers.Serializer):
+    system_tokens = serializers.IntegerField()
+    history_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+    budget = serializers.IntegerField()
+
+
+class PromptPreviewSerializer(serializers.Serializer):
+    sections = PromptSectionSerializer(many=True)
+    system_prompt = serializers.CharField()
+    history = PromptHistoryItemSerializer(many=True)
+    tools = serializers.ListField(child=serializers.CharField())
+    totals = PromptTotalsSerializer()

@@ -21,5 +21,7 @@ urlpatterns = [
         views.SessionHistorySearchView.as_view(),
         name="session-history-search",
     ),
+    path("sessions/<int:session_id>/prompt/", views.SessionPromptPreviewView.as_view(), name="session-prompt"),
+    path("turns/<int:turn_id>/", views.TurnDetailView.as_view(), name="turn-detail"),
     *router.urls,
 ]

@@ -1,5 +1,6 @@
-"""API views for kins, sessions, messages, imports and history search."""
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+"""API views for kins, sessions, messages, imports, history search, chat turns and the prompt preview."""
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
@@ -7,9 +8,15 @@ from rest_framework.views import APIView
 
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination
-from sessions_app import selectors, services
-from sessions_app.models import Event, Kin, Session
+from sessions_app import selectors, services, turns
+from sessions_app.context import PENDING_MESSAGE_ID, prompt_assemble
+from sessions_app.models import Event, Kin, Session, Turn
+from sessions_app.tools import kin_toolset
 from sessions_app.api.serializers import (
+    MessagePostSerializer,
+    PromptPreviewQuerySerializer,
+    PromptPreviewSerializer,
+    TurnSerializer,
     HistoryHitSerializer,
     HistorySearchQuerySerializer,
     ImportResultSerializer,
@@ -64,7 +71,7 @@ class SessionViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
 
 
 class SessionMessageListView(ListAPIView):
-    """History of a session, oldest first."""
+    """GET: history of a session, oldest first. POST: a chat turn (SPEC §4)."""
 
     serializer_class = MessageSerializer
     pagination_class = ChronologicalCursorPagination
@@ -74,6 +81,88 @@ class SessionMessageListView(ListAPIView):
             return Event.objects.none()
         session = selectors.session_get(team=request_team(self.request), session_id=self.kwargs["session_id"])
         return selectors.message_list(session=session)
+
+    @extend_schema(
+        request=MessagePostSerializer,
+        parameters=[OpenApiParameter("async", str, required=False, description="1: answer 202 with a turn to poll.")],
+        responses={
+            201: OpenApiResponse(description="{message, reply, turn}"),
+            202: OpenApiResponse(description="{turn}"),
+            502: OpenApiResponse(description="The model failed; the message is stored and the turn says why."),
+        },
+    )
+    def post(self, request, session_id):
+        session = selectors.session_get(team=request_team(request), session_id=session_id)
+        serializer = MessagePostSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        is_async = request.query_params.get("async", "").lower() in ("1", "true", "yes")
+        turn = turns.turn_post(session=session, is_async=is_async, **serializer.validated_data)
+        turn = Turn.objects.select_related("user_message", "reply").get(pk=turn.pk)
+        data = TurnSerializer(turn).data
+        if is_async:
+            return Response({"turn": data}, status=status.HTTP_202_ACCEPTED)
+        body = {"message": data["message"], "reply": data["reply"], "turn": data}
+        if data["new_session_id"] is not None:
+            body["new_session_id"] = data["new_session_id"]
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class TurnDetailView(APIView):
+    @extend_schema(responses={200: TurnSerializer})
+    def get(self, request, turn_id):
+        turn = get_object_or_404(
+            Turn.objects.select_related("user_message", "reply"),
+            session__kin__team=request_team(request),
+            pk=turn_id,
+        )
+        return Response(TurnSerializer(turn).data)
+
+
+class SessionPromptPreviewView(APIView):
+    """Exactly what a turn would send for `message`: sections, the selected history, totals.
+    Reading it changes nothing (memories served here do not count as retrieved)."""
+
+    @extend_schema(parameters=[PromptPreviewQuerySerializer], responses={200: PromptPreviewSerializer})
+    def get(self, request, session_id):
+        session = selectors.session_get(team=request_team(request), session_id=session_id)
+        params = PromptPreviewQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        prompt = prompt_assemble(
+            session=session,
+            message_text=params.validated_data["message"],
+            sender=params.validated_data["sender"],
+            platform=params.validated_data["platform"],
+            count_retrieval=False,
+        )
+        history = []
+        for entry in prompt.history:
+            event = entry.event
+            history.append({
+                "id": entry.item.id if entry.item.id != PENDING_MESSAGE_ID else None,
+                "kind": entry.item.kind,
+                "role": entry.item.role,
+                "sender": event.sender if event is not None else params.validated_data["sender"],
+                "platform": event.platform if event is not None else params.validated_data["platform"],
+                "created_at": event.created_at if event is not None else None,
+                "content": event.content if event is not None else params.validated_data["message"],
+                "tokens": entry.item.tokens,
+                "sent": entry.message,
+            })
+        body = {
+            "sections": [
+                {"id": s.id, "title": s.title, "text": s.text, "tokens": s.tokens} for s in prompt.sections
+            ],
+            "system_prompt": prompt.messages[0]["content"],
+            "history": history,
+            "tools": list(kin_toolset()),
+            "totals": {
+                "system_tokens": prompt.system_tokens,
+                "history_tokens": prompt.history_tokens,
+                "total_tokens": prompt.total_tokens,
+                "budget": prompt.budget,
+            },
+        }
+        return Response(PromptPreviewSerializer(body).data)
 
 
 class SessionMessageImportView(APIView):

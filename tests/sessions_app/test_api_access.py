@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from kinsite.services import api_token_issue, api_token_revoke
 from memories.models import Memory, MemoryChange
-from sessions_app.models import Event, Kin, Session
+from sessions_app.models import Event, Kin, Session, Turn
 from tests.factories import KinFactory, MessageFactory, SessionFactory
 
 API_PREFIX = "/api/v1/"
@@ -42,7 +42,7 @@ def assert_api_error(response, status: int, code: str | None = None) -> dict:
 class Endpoint:
     method: str
     route: str  # under /api/v1/, "{id}" for the object id
-    owner: str | None = None  # "kin", "session" or "memory": whose id fills {id}
+    owner: str | None = None  # "kin", "session", "memory" or "turn": whose id fills {id}
     body: dict | list | None = None
     query: str = ""
 
@@ -74,6 +74,9 @@ ENDPOINTS = [
         body={"messages": [{"content": "imported", "external_id": "import-1"}]},
     ),
     Endpoint("GET", "sessions/{id}/history/search/", "session", query=f"q={SECRET}"),
+    Endpoint("POST", "sessions/{id}/messages/", "session", body={"content": "hello", "sender": "Maria"}),
+    Endpoint("GET", "sessions/{id}/prompt/", "session", query=f"message={SECRET}"),
+    Endpoint("GET", "turns/{id}/", "turn"),
     Endpoint("GET", "kins/{id}/memories/", "kin"),
     Endpoint("POST", "kins/{id}/memories/", "kin", body={"content": "A new memory.", "category": "fact"}),
     Endpoint("GET", "kins/{id}/memories/search/", "kin", query=f"q={SECRET}"),
@@ -82,18 +85,19 @@ ENDPOINTS = [
     Endpoint("DELETE", "memories/{id}/", "memory"),
     Endpoint("GET", "memories/{id}/history/", "memory"),
 ]
-OWNER_MODELS = {"kin": Kin, "session": Session, "memory": Memory}
+OWNER_MODELS = {"kin": Kin, "session": Session, "memory": Memory, "turn": Turn}
 OWNED_ENDPOINTS = [endpoint for endpoint in ENDPOINTS if endpoint.owner]
 
 
 @pytest.fixture
 def seeded(team):
-    """A kin of `team` with a session, a message and a memory, all containing SECRET."""
+    """A kin of `team` with a session, a message (with its turn) and a memory, all containing SECRET."""
     kin = KinFactory(team=team, name=f"Kin {SECRET}")
     session = SessionFactory(kin=kin, title=f"Session {SECRET}")
-    MessageFactory(session=session, content=f"the {SECRET} plan", external_id="seed-1")
+    message = MessageFactory(session=session, content=f"the {SECRET} plan", external_id="seed-1")
+    turn = Turn.objects.create(session=session, user_message=message, status=Turn.Status.FAILED, error=SECRET)
     memory = _memory(team, kin, f"The {SECRET} plan is due in May.")
-    return {"kin": kin, "session": session, "memory": memory}
+    return {"kin": kin, "session": session, "memory": memory, "turn": turn}
 
 
 @pytest.fixture
@@ -101,9 +105,10 @@ def foreign(other_team):
     """The same as `seeded`, for another team."""
     kin = KinFactory(team=other_team, name=f"Foreign {SECRET}")
     session = SessionFactory(kin=kin, title=f"Foreign session {SECRET}")
-    MessageFactory(session=session, content=f"the foreign {SECRET} plan", external_id="foreign-1")
+    message = MessageFactory(session=session, content=f"the foreign {SECRET} plan", external_id="foreign-1")
+    turn = Turn.objects.create(session=session, user_message=message, status=Turn.Status.FAILED, error=SECRET)
     memory = _memory(other_team, kin, f"Foreign: the {SECRET} plan is secret.")
-    return {"kin": kin, "session": session, "memory": memory}
+    return {"kin": kin, "session": session, "memory": memory, "turn": turn}
 
 
 def _memory(team, kin, content) -> Memory:
@@ -118,6 +123,7 @@ def _snapshot():
         list(Kin.objects.order_by("id").values_list("id", "name", "parent_id")),
         list(Session.objects.order_by("id").values_list("id", "title")),
         Event.objects.count(),
+        list(Turn.objects.order_by("id").values_list("id", "status")),
         list(Memory.objects.order_by("id").values_list("id", "content", "status", "importance")),
         MemoryChange.objects.count(),
     )

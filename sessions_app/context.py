@@ -1,0 +1,279 @@
+"""What a turn's prompt is made of, read from the database a fixed number of times
+(SPEC §4, §14): the kin, the compaction boundary, participants and counts, the
+history that fits the budget, and the relevant memories. The pure builders in
+sessions_app.prompt and sessions_app.history turn that into sections and messages;
+the chat turn and the prompt preview both go through `prompt_assemble`, so the
+preview is exactly what a turn would send."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Max, Q
+from django.utils import timezone
+
+from kinsite.llm.types import Message, ToolCall
+from kinsite.tokencount import count_tokens
+from memories.selectors import memory_search
+from sessions_app.history import HistoryItem, select_history
+from sessions_app.models import Event, Session, Summary
+from sessions_app.prompt import (
+    ConversationState,
+    CurrentSource,
+    KinIdentity,
+    MemoryItem,
+    Participant,
+    PromptInputs,
+    Section,
+    build_sections,
+    render_system_prompt,
+    total_tokens,
+)
+
+HISTORY_KINDS = (Event.Kind.MESSAGE, Event.Kind.TOOL_CALL, Event.Kind.TOOL_RESULT)
+# The most events a prompt's history is chosen from, whatever the budget, so reading
+# the candidates stays bounded even when many near-empty events fit the token budget
+# (compaction normally keeps the un-summarised history far below this).
+HISTORY_MAX_EVENTS = 2_000
+# The id given to a message that is previewed but not stored: newer than any row.
+PENDING_MESSAGE_ID = 2**63 - 1
+UNNAMED_SENDER = "Unnamed user"
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One history item as selected (`item`) with what is sent for it (`message`) and
+    the row it came from (`event`; None for a previewed message that is not stored)."""
+
+    item: HistoryItem
+    message: Message
+    event: Event | None
+
+
+@dataclass(frozen=True)
+class AssembledPrompt:
+    sections: list[Section]
+    history: list[HistoryEntry]
+    messages: list[Message]  # the system prompt, then the history: what the model receives
+    budget: int
+
+    @property
+    def system_tokens(self) -> int:
+        return total_tokens(self.sections)
+
+    @property
+    def history_tokens(self) -> int:
+        return sum(entry.item.tokens for entry in self.history)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.system_tokens + self.history_tokens
+
+
+def event_as_message(event: Event) -> Message:
+    """An event in the OpenAI message format. A user message carries its sender's name,
+    so the model can tell people apart in a group conversation."""
+    if event.kind == Event.Kind.TOOL_CALL:
+        calls = [_openai_tool_call(call) for call in event.data.get("tool_calls", [])]
+        return {"role": "assistant", "content": event.content or None, "tool_calls": calls}
+    if event.kind == Event.Kind.TOOL_RESULT:
+        return {"role": "tool", "tool_call_id": event.data.get("tool_call_id", ""), "content": event.content}
+    return _message(event.role, event.content, event.sender)
+
+
+def _openai_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    """Tool calls are stored flat, {"id", "name", "arguments"} (what compaction's transcript
+    reads); the model gets them in the OpenAI shape."""
+    if "function" in call:
+        return call
+    return ToolCall(id=str(call.get("id", "")), name=str(call.get("name", "")),
+                    arguments=str(call.get("arguments") or "{}")).as_message_part()
+
+
+def _message(role: str, content: str, sender: str) -> Message:
+    if role == Event.Role.USER and sender:
+        return {"role": "user", "content": f"[{sender}] {content}"}
+    return {"role": role if role in ("user", "assistant", "system") else "user", "content": content}
+
+
+def _history_item(event: Event) -> HistoryItem:
+    if event.kind == Event.Kind.TOOL_CALL:
+        ids = tuple(str(call.get("id", "")) for call in event.data.get("tool_calls", []))
+        return HistoryItem(id=event.pk, role=event.role, kind=event.kind, tokens=event.token_count, tool_call_ids=ids)
+    if event.kind == Event.Kind.TOOL_RESULT:
+        return HistoryItem(
+            id=event.pk, role=event.role, kind=event.kind, tokens=event.token_count,
+            tool_call_id=str(event.data.get("tool_call_id", "")),
+        )
+    return HistoryItem(id=event.pk, role=event.role, kind=event.kind, tokens=event.token_count)
+
+
+def _boundary_sql(summary: Summary | None) -> tuple[str, list[Any]]:
+    if summary is None:
+        return "", []
+    at = connection.ops.adapt_datetimefield_value(summary.last_event.created_at)
+    return " AND (created_at > %s OR (created_at = %s AND id > %s))", [at, at, summary.last_event_id]
+
+
+def _candidate_events(session_id: int, summary: Summary | None, budget: int) -> list[Event]:
+    """The newest history events after the boundary that the budget could need, oldest
+    first, in one query: a running token sum from the newest event back keeps every
+    event whose newer events alone are within budget (so the one that overflows it, too)."""
+    boundary, boundary_params = _boundary_sql(summary)
+    kinds = ", ".join(["%s"] * len(HISTORY_KINDS))
+    sql = f"""
+        SELECT * FROM (
+            SELECT r.*, SUM(r.token_count) OVER (
+                ORDER BY r.created_at DESC, r.id DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
+            ) AS running_tokens
+            FROM (
+                SELECT id, session_id, kind, role, content, sender, platform, external_id, token_count, data, created_at
+                FROM sessions_app_event
+                WHERE session_id = %s AND kind IN ({kinds}){boundary}
+                ORDER BY created_at DESC, id DESC
+                LIMIT %s
+            ) r
+        ) w
+        WHERE w.running_tokens - w.token_count <= %s
+        ORDER BY w.created_at, w.id
+    """
+    params = [session_id, *HISTORY_KINDS, *boundary_params, HISTORY_MAX_EVENTS, budget]
+    return list(Event.objects.raw(sql, params))
+
+
+def _message_counts(session_id: int, summary: Summary | None):
+    """Per (role, sender, platform): messages, of them summarised, newest time. One
+    GROUP BY gives both the participants and the conversation's counts."""
+    summarised = Q(pk__in=[])
+    if summary is not None:
+        at = summary.last_event.created_at
+        summarised = Q(created_at__lt=at) | Q(created_at=at, pk__lte=summary.last_event_id)
+    return (
+        Event.objects.filter(session_id=session_id, kind=Event.Kind.MESSAGE)
+        .values("role", "sender", "platform")
+        .annotate(count=Count("id"), summarised=Count("id", filter=summarised), last_at=Max("created_at"))
+        .order_by()
+    )
+
+
+def prompt_inputs_for(
+    *,
+    session: Session,
+    message_text: str,
+    sender: str,
+    platform: str,
+    now: datetime | None = None,
+    current_event: Event | None = None,
+    count_retrieval: bool = True,
+) -> tuple[PromptInputs, list[HistoryEntry], int]:
+    """The prompt inputs, the selected history (oldest first, ending with the message
+    being answered) and the history budget. `current_event` is the stored message being
+    answered; without it a non-empty `message_text` is treated as a message about to be
+    sent (the preview), counted as if stored. Reads the database a fixed number of times,
+    whatever the length of the history or the number of memories."""
+    now = now or timezone.now()
+    session = Session.objects.select_related("kin", "kin__team", "kin__parent").get(pk=session.pk)
+    kin = session.kin
+    budget = kin.effective_history_budget
+    summary = (
+        Summary.objects.filter(session=session).select_related("last_event").order_by("-created_at", "-id").first()
+    )
+    counts = list(_message_counts(session.pk, summary))
+    events = _candidate_events(session.pk, summary, budget)
+
+    pending = current_event is None and bool(message_text.strip())
+    entries = {event.pk: HistoryEntry(_history_item(event), event_as_message(event), event) for event in events}
+    if current_event is not None:
+        # The message being answered goes last even if other events were stored after it
+        # (an async post queued behind a running turn), so the model answers it.
+        entries.pop(current_event.pk, None)
+        entries[current_event.pk] = HistoryEntry(
+            _history_item(current_event), event_as_message(current_event), current_event
+        )
+    elif pending:
+        item = HistoryItem(id=PENDING_MESSAGE_ID, role=Event.Role.USER, kind=Event.Kind.MESSAGE,
+                           tokens=count_tokens(message_text))
+        entries[PENDING_MESSAGE_ID] = HistoryEntry(item, _message(Event.Role.USER, message_text, sender), None)
+    selected = select_history([entry.item for entry in entries.values()], budget_tokens=budget)
+    history = [entries[item.id] for item in selected]
+
+    participants: dict[tuple[str, str], list] = {}
+    total = summarised = 0
+    for row in counts:
+        total += row["count"]
+        summarised += row["summarised"]
+        if row["role"] == Event.Role.USER:
+            participants[(row["sender"] or UNNAMED_SENDER, row["platform"])] = [row["count"], row["last_at"]]
+    if pending:
+        total += 1
+        key = (sender or UNNAMED_SENDER, platform)
+        count, _ = participants.get(key, [0, None])
+        participants[key] = [count + 1, now]
+    visible = [entry for entry in history if entry.item.kind == Event.Kind.MESSAGE]
+    oldest_visible_at = min(
+        (entry.event.created_at for entry in visible if entry.event is not None), default=now if visible else None
+    )
+
+    memories = []
+    if message_text.strip():
+        hits = memory_search(team=kin.team, kin=kin, query=message_text, count_retrieval=count_retrieval)
+        memories = [
+            MemoryItem(id=hit.memory.pk, category=hit.memory.category, content=hit.memory.content,
+                       subject=hit.memory.subject, importance=hit.memory.importance, updated_at=hit.memory.updated_at)
+            for hit in hits
+        ]
+
+    inputs = PromptInputs(
+        identity=KinIdentity(
+            name=kin.name, role=kin.role, character=kin.character, expertise=kin.expertise,
+            parent_name=kin.parent.name if kin.parent is not None else None, spawn_reason=kin.spawn_reason,
+        ),
+        # The experience document (consolidation) and the canvas (workflows) come with their features.
+        experience_markdown="",
+        memories=memories,
+        canvas="",
+        participants=[
+            Participant(name=name, platform=where, message_count=count, last_active_at=last_at)
+            for (name, where), (count, last_at) in sorted(
+                participants.items(), key=lambda pair: pair[1][1] or now, reverse=True
+            )
+        ],
+        state=ConversationState(
+            visible_messages=len(visible),
+            total_messages=total,
+            summarised_messages=summarised,
+            oldest_visible_at=oldest_visible_at,
+            compacted=summary is not None,
+        ),
+        summary=summary.content if summary is not None else "",
+        working_memory=session.working_memory,
+        description=session.description,
+        source=CurrentSource(platform=platform, sender=sender),
+        now=now,
+        timezone_name=settings.TIME_ZONE,
+    )
+    return inputs, history, budget
+
+
+def prompt_assemble(
+    *,
+    session: Session,
+    message_text: str,
+    sender: str = "",
+    platform: str = Event.Platform.API,
+    now: datetime | None = None,
+    current_event: Event | None = None,
+    count_retrieval: bool = True,
+) -> AssembledPrompt:
+    """The prompt a turn sends: sections, the selected history and the messages list."""
+    inputs, history, budget = prompt_inputs_for(
+        session=session, message_text=message_text, sender=sender, platform=platform, now=now,
+        current_event=current_event, count_retrieval=count_retrieval,
+    )
+    sections = build_sections(inputs, count_tokens=count_tokens)
+    messages: list[Message] = [{"role": "system", "content": render_system_prompt(sections)}]
+    messages.extend(entry.message for entry in history)
+    return AssembledPrompt(sections=sections, history=history, messages=messages, budget=budget)

@@ -1,0 +1,97 @@
+"""A per-session lock, so two turns of one session run one after the other (SPEC §4).
+
+With REDIS_URL it is a Redis lock, shared by every web process and Celery worker;
+without it (the embedded SQLite mode: one process) a threading lock per session.
+The Redis lock has a lease, so a killed worker cannot block a session for ever; a
+turn renews it before each model call (`SessionLock.refresh`)."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+from django.conf import settings
+
+from kinsite.errors import Conflict
+
+# How long a turn waits for the session's previous turn to finish.
+DEFAULT_WAIT_SECONDS = 300.0
+# Margin on top of one model call's worst case (timeout × attempts plus backoff).
+LEASE_MARGIN_SECONDS = 60.0
+
+
+class SessionBusy(Conflict):
+    code = "session_busy"
+
+
+def lease_seconds() -> float:
+    """How long the Redis lock lives without a refresh: one model call at its slowest
+    (every attempt timing out, with backoff between attempts) plus a margin, since the
+    turn refreshes the lease before each call."""
+    attempts = settings.LLM_MAX_RETRIES + 1
+    backoff = sum(settings.LLM_RETRY_BACKOFF_SECONDS * 2**i for i in range(attempts))
+    return settings.LLM_TIMEOUT_SECONDS * attempts + backoff + LEASE_MARGIN_SECONDS
+
+
+class SessionLock:
+    """What `session_lock` yields; `refresh()` renews the lease (a no-op locally)."""
+
+    def __init__(self, redis_lock=None):
+        self._redis_lock = redis_lock
+
+    def refresh(self) -> None:
+        if self._redis_lock is not None:
+            self._redis_lock.reacquire()
+
+
+@lru_cache(maxsize=4)
+def _redis_client(url: str):
+    import redis
+
+    return redis.Redis.from_url(url)
+
+
+_local_guard = threading.Lock()
+_local_locks: dict[int, threading.Lock] = {}
+
+
+def _local_lock(session_id: int) -> threading.Lock:
+    # One lock object per session for the life of the process; a few bytes per session
+    # that chatted, which the embedded single-process mode can afford.
+    with _local_guard:
+        return _local_locks.setdefault(session_id, threading.Lock())
+
+
+@contextmanager
+def session_lock(session_id: int, timeout: float | None = None) -> Iterator[SessionLock]:
+    """Hold the session's turn lock; waits up to `timeout` seconds (default
+    TURN_LOCK_WAIT_SECONDS or 300) and raises SessionBusy (409) if it cannot get it."""
+    wait = timeout if timeout is not None else getattr(settings, "TURN_LOCK_WAIT_SECONDS", DEFAULT_WAIT_SECONDS)
+    busy = SessionBusy(
+        f"Session {session_id} is still answering an earlier message; try again shortly.",
+        details={"session": session_id},
+    )
+    if settings.REDIS_URL:
+        from redis.exceptions import LockError
+
+        lock = _redis_client(settings.REDIS_URL).lock(
+            f"kinsite:session-turn:{session_id}", timeout=lease_seconds(), blocking_timeout=wait
+        )
+        if not lock.acquire():
+            raise busy
+        try:
+            yield SessionLock(lock)
+        finally:
+            try:
+                lock.release()
+            except LockError:
+                pass  # the lease ran out; whoever holds the lock now keeps it
+    else:
+        lock = _local_lock(session_id)
+        if not lock.acquire(timeout=wait):
+            raise busy
+        try:
+            yield SessionLock()
+        finally:
+            lock.release()

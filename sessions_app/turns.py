@@ -1,0 +1,311 @@
+"""The chat turn (SPEC §4): store the user's message, handle commands, assemble the
+prompt, call the model, run its tool calls, store the reply, schedule background work.
+
+Turns of one session run one after the other under the session lock
+(sessions_app.locks). Each step commits on its own: the user's message before the
+model is called (so a failing model loses nothing), each tool round as it happens (a
+memory the kin stored stays recorded), and the reply with the turn's outcome."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from kinsite.errors import UpstreamError
+from kinsite.llm.gateway import llm_chat
+from kinsite.llm.types import LLMError, ToolCall
+from kinsite.tokencount import count_tokens
+from memories.models import Memory
+from memories.services import Actor
+from memories.tools import MemoryTool, ToolContext
+from sessions_app.context import prompt_assemble
+from sessions_app.locks import SessionLock, session_lock
+from sessions_app.models import Event, Session, Turn
+from sessions_app.tools import kin_toolset
+
+logger = logging.getLogger(__name__)
+
+COMMANDS = ("checkpoint", "new")
+# A tool's answer is cut to this many characters before it goes back to the model.
+TOOL_RESULT_MAX_CHARS = 16_000
+
+
+class TurnFailed(UpstreamError):
+    """The model call of a turn failed; the user's message is stored and the turn records the error."""
+
+    code = "llm_error"
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # "checkpoint" or "new"
+    argument: str  # the text after the command word
+
+
+def command_parse(content: str) -> Command | None:
+    """`/checkpoint [note]` or `/new [title]` (any case) as the message's first word; else None."""
+    words = content.strip().split(maxsplit=1)
+    if not words or not words[0].startswith("/"):
+        return None
+    name = words[0][1:].lower()
+    if name not in COMMANDS:
+        return None
+    return Command(name=name, argument=words[1].strip() if len(words) > 1 else "")
+
+
+# --- entry points ----------------------------------------------------------------------------
+
+
+def turn_post(*, session: Session, content: str, sender: str = "", platform: str = Event.Platform.API,
+              is_async: bool = False) -> Turn:
+    """Post a user message to a session and answer it.
+
+    Sync: waits for the session's previous turn, runs this one and returns it done, or
+    raises TurnFailed (502) after recording the error on the turn. Async: stores the
+    message and a pending turn and enqueues run_turn_task after commit; poll the turn."""
+    if is_async:
+        with transaction.atomic():
+            turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=True)
+            from sessions_app.turn_tasks import run_turn_task
+
+            transaction.on_commit(lambda: run_turn_task.delay(turn.pk))
+        return turn
+    with session_lock(session.pk) as lock:
+        with transaction.atomic():
+            turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=False)
+        _turn_execute(turn=turn, lock=lock, raise_errors=True)
+    _schedule_background_work(session=session)
+    return turn
+
+
+def turn_run(*, turn_id: int) -> Turn | None:
+    """Run a queued turn (the async path). Idempotent: a turn already done or failed is
+    left alone; one found running while we hold the session lock belonged to a worker
+    that died, so it is run again. A model failure is recorded on the turn, not raised."""
+    turn = Turn.objects.filter(pk=turn_id).select_related("session__kin", "user_message").first()
+    if turn is None or turn.status in (Turn.Status.DONE, Turn.Status.FAILED):
+        return turn
+    with session_lock(turn.session_id) as lock:
+        claimed = Turn.objects.filter(pk=turn_id, status__in=[Turn.Status.PENDING, Turn.Status.RUNNING]).update(
+            status=Turn.Status.RUNNING, started_at=timezone.now()
+        )
+        if not claimed:
+            return Turn.objects.get(pk=turn_id)
+        turn.refresh_from_db()
+        _turn_execute(turn=turn, lock=lock, raise_errors=False)
+    _schedule_background_work(session=turn.session)
+    return turn
+
+
+# --- steps -----------------------------------------------------------------------------------
+
+
+def _turn_open(*, session: Session, content: str, sender: str, platform: str, is_async: bool) -> Turn:
+    """Store the user's message (a command event for /checkpoint and /new) and its turn."""
+    now = timezone.now()
+    command = command_parse(content)
+    message = Event.objects.create(
+        session=session,
+        kind=Event.Kind.COMMAND if command else Event.Kind.MESSAGE,
+        role=Event.Role.USER,
+        content=content,
+        sender=sender,
+        platform=platform,
+        token_count=count_tokens(content),
+        data={"command": command.name, "argument": command.argument} if command else {},
+        created_at=now,
+    )
+    Session.objects.filter(pk=session.pk).update(last_activity_at=now)
+    return Turn.objects.create(
+        session=session,
+        user_message=message,
+        is_async=is_async,
+        status=Turn.Status.PENDING if is_async else Turn.Status.RUNNING,
+        started_at=None if is_async else now,
+    )
+
+
+def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> None:
+    session = Session.objects.select_related("kin__team").get(pk=turn.session_id)
+    message = turn.user_message
+    if message.kind == Event.Kind.COMMAND:
+        _command_answer(turn=turn, session=session, message=message)
+        return
+    try:
+        _converse(turn=turn, session=session, message=message, lock=lock)
+    except LLMError as exc:
+        _turn_fail(turn=turn, error=exc.message)
+        if raise_errors:
+            raise TurnFailed(
+                f"The language model could not answer: {exc.message} Your message is stored "
+                f"(message {message.pk}); see turn {turn.pk}.",
+                details={"turn": turn.pk, "message": message.pk, "llm_error": exc.code, **exc.details},
+            ) from exc
+    except Exception as exc:
+        # A bug, not the model: still leave the turn saying what happened, then let it surface.
+        _turn_fail(turn=turn, error=f"Internal error: {type(exc).__name__}: {exc}")
+        raise
+
+
+def _turn_fail(*, turn: Turn, error: str) -> None:
+    turn.status = Turn.Status.FAILED
+    turn.error = error
+    turn.finished_at = timezone.now()
+    Turn.objects.filter(pk=turn.pk).update(
+        status=turn.status, error=turn.error, finished_at=turn.finished_at,
+        tool_calls=turn.tool_calls, tokens_in=turn.tokens_in, tokens_out=turn.tokens_out,
+    )
+
+
+def _command_answer(*, turn: Turn, session: Session, message: Event) -> None:
+    """Introspection does not exist yet: a command is recorded (the command event) and
+    answered with a short system reply saying what was recorded."""
+    command = command_parse(message.content)
+    with transaction.atomic():
+        data = {"command": command.name, "reply_to": message.pk}
+        if command.name == "new":
+            from sessions_app.services import session_create
+
+            new_session = session_create(kin=session.kin, title=command.argument[:200])
+            data["new_session_id"] = new_session.pk
+            Event.objects.filter(pk=message.pk).update(data={**message.data, "new_session_id": new_session.pk})
+            text = (
+                f"Started a new session (id {new_session.pk}) with {session.kin.name}. "
+                "This session stays as it is; post to the new one to continue there."
+            )
+        else:
+            text = (
+                f"Checkpoint recorded (event {message.pk}). Introspection will distil this session "
+                "from here once it is enabled; nothing else changed."
+            )
+        reply = Event.objects.create(
+            session=session, kind=Event.Kind.COMMAND, role=Event.Role.SYSTEM, content=text,
+            platform=message.platform, token_count=count_tokens(text), data=data,
+        )
+        turn.reply = reply
+        turn.status = Turn.Status.DONE
+        turn.started_at = turn.started_at or timezone.now()
+        turn.finished_at = timezone.now()
+        turn.save(update_fields=["reply", "status", "started_at", "finished_at"])
+
+
+def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock) -> None:
+    """The model/tool loop. At most KIN_MAX_TOOL_CALLS tool calls run; once they are
+    used up the model is called without tools, so it has to answer."""
+    kin = session.kin
+    prompt = prompt_assemble(
+        session=session, message_text=message.content, sender=message.sender, platform=message.platform,
+        current_event=message,
+    )
+    turn.prompt_tokens = prompt.total_tokens
+    Turn.objects.filter(pk=turn.pk).update(prompt_tokens=turn.prompt_tokens)
+    messages = list(prompt.messages)
+    tools = kin_toolset()
+    schemas = [tool.schema for tool in tools.values()]
+    context = ToolContext(
+        team=kin.team, kin=kin, actor=Actor(label=f"kin:{kin.pk} turn:{turn.pk}"),
+        source=Memory.Source.TURN, source_ref=f"event:{message.pk}",
+    )
+    max_calls = settings.KIN_MAX_TOOL_CALLS
+    capped = max_calls <= 0
+    while True:
+        lock.refresh()
+        offer_tools = not capped
+        result = llm_chat(purpose="turn", messages=messages, team=kin.team, kin=kin,
+                          tools=schemas if offer_tools else None)
+        turn.tokens_in += result.tokens_in
+        turn.tokens_out += result.tokens_out
+        if not offer_tools or not result.tool_calls:
+            break
+        outputs = []
+        for call in result.tool_calls:
+            if turn.tool_calls >= max_calls:
+                # Every call in the assistant message needs a result, or the next request is invalid.
+                outputs.append(f"Error: not run: the limit of {max_calls} tool calls for this turn is reached. "
+                               "Answer with what you have.")
+            else:
+                turn.tool_calls += 1
+                outputs.append(_tool_run(tools, call, context))
+        capped = turn.tool_calls >= max_calls
+        _tool_round_store(session=session, turn=turn, content=result.content, calls=result.tool_calls,
+                          outputs=outputs, platform=message.platform)
+        messages.append(result.as_assistant_message())
+        messages.extend(
+            {"role": "tool", "tool_call_id": call.id, "content": output}
+            for call, output in zip(result.tool_calls, outputs)
+        )
+
+    text = result.content or ""
+    if not text.strip() and capped:
+        text = f"I reached the limit of {max_calls} tool calls for this turn before I could finish."
+    now = timezone.now()
+    with transaction.atomic():
+        reply = Event.objects.create(
+            session=session, kind=Event.Kind.MESSAGE, role=Event.Role.ASSISTANT, content=text, sender=kin.name,
+            platform=message.platform, token_count=count_tokens(text), created_at=now,
+            data={"turn": turn.pk, "tool_calls": turn.tool_calls, "tool_call_limit_reached": capped},
+        )
+        turn.reply = reply
+        turn.status = Turn.Status.DONE
+        turn.finished_at = now
+        turn.error = ""
+        turn.save(update_fields=[
+            "reply", "status", "finished_at", "error", "tool_calls", "prompt_tokens", "tokens_in", "tokens_out",
+        ])
+        Session.objects.filter(pk=session.pk).update(last_activity_at=now)
+
+
+def _tool_run(tools: dict[str, MemoryTool], call: ToolCall, context: ToolContext) -> str:
+    """The text answer of one tool call; unknown tools and failures become error text."""
+    tool = tools.get(call.name)
+    if tool is None:
+        return f"Error: unknown tool {call.name!r}; available tools: {', '.join(tools)}."
+    try:
+        # A savepoint, so a tool that fails half-way leaves no partial writes behind.
+        with transaction.atomic():
+            output = tool.handler(context, call.arguments)
+    except Exception as exc:
+        logger.exception("Tool %s failed in a turn of kin %s", call.name, context.kin.pk)
+        return f"Error: {call.name} failed ({type(exc).__name__}). Try other arguments or answer without it."
+    if len(output) > TOOL_RESULT_MAX_CHARS:
+        output = output[:TOOL_RESULT_MAX_CHARS] + "… (cut)"
+    return output
+
+
+def _tool_round_store(*, session: Session, turn: Turn, content: str | None, calls: list[ToolCall],
+                      outputs: list[str], platform: str) -> None:
+    """One assistant tool-call event and its results, committed together."""
+    kin = session.kin
+    stored_calls = [{"id": call.id, "name": call.name, "arguments": call.arguments} for call in calls]
+    with transaction.atomic():
+        Event.objects.create(
+            session=session, kind=Event.Kind.TOOL_CALL, role=Event.Role.ASSISTANT, content=content or "",
+            sender=kin.name, platform=platform,
+            token_count=count_tokens(content or "") + sum(count_tokens(json.dumps(call)) for call in stored_calls),
+            data={"tool_calls": stored_calls, "turn": turn.pk},
+        )
+        for call, output in zip(calls, outputs):
+            Event.objects.create(
+                session=session, kind=Event.Kind.TOOL_RESULT, role=Event.Role.TOOL, content=output,
+                platform=platform, token_count=count_tokens(output),
+                data={"tool_call_id": call.id, "name": call.name, "turn": turn.pk},
+            )
+        Turn.objects.filter(pk=turn.pk).update(
+            tool_calls=turn.tool_calls, tokens_in=turn.tokens_in, tokens_out=turn.tokens_out
+        )
+
+
+def _schedule_background_work(*, session: Session) -> None:
+    """After the turn and outside the session lock (an eager task must not run under it):
+    compaction when the un-summarised history has outgrown its share of the budget."""
+    try:
+        from sessions_app.compaction import compaction_needed
+        from sessions_app.tasks import compact_session_task
+    except ImportError:  # compaction not installed yet
+        return
+    if compaction_needed(session=session):
+        transaction.on_commit(lambda: compact_session_task.delay(session.pk))

@@ -1,0 +1,87 @@
+"""A turn (and the prompt preview) reads the database a fixed number of times (SPEC §14):
+the count does not grow with the length of the history or the number of memories."""
+from datetime import timedelta
+
+import pytest
+from django.core.cache import cache
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from kinsite.tokencount import count_tokens
+from memories.models import Memory
+from sessions_app.context import prompt_assemble
+from sessions_app.models import Event, Turn
+from sessions_app.turns import turn_post
+from tests.factories import KinFactory, SessionFactory
+
+pytestmark = pytest.mark.usefixtures("fake_llm_gateway")
+
+QUESTION = "What is the launch plan?"
+
+
+def build_session(team, *, messages: int, memories: int):
+    kin = KinFactory(team=team)
+    session = SessionFactory(kin=kin)
+    start = timezone.now() - timedelta(days=30)
+    texts = [f"about the launch plan, note {i}" for i in range(messages)]
+    Event.objects.bulk_create(
+        [
+            Event(session=session, kind=Event.Kind.MESSAGE,
+                  role=Event.Role.USER if i % 2 == 0 else Event.Role.ASSISTANT,
+                  sender=("Maria", "Tom", "Lena")[i % 3] if i % 2 == 0 else kin.name,
+                  content=text, token_count=count_tokens(text), created_at=start + timedelta(seconds=i))
+            for i, text in enumerate(texts)
+        ],
+        batch_size=1000,
+    )
+    Memory.objects.bulk_create(
+        [Memory(team=team, kin=kin, category=Memory.Category.FACT, content=f"The launch plan has step {i}.")
+         for i in range(memories)],
+        batch_size=1000,
+    )
+    return session
+
+
+def queries_of(action, session) -> int:
+    """Queries of `action` in the steady state: memory search caches its scope's BM25
+    statistics for a minute (a cold cache costs one or two more reads, once per minute,
+    and more on a large scope), so the cache is warmed first."""
+    cache.clear()
+    prompt_assemble(session=session, message_text=QUESTION, count_retrieval=False)
+    with CaptureQueriesContext(connection) as captured:
+        action()
+    return len(captured.captured_queries)
+
+
+def turn_with_a_tool_call(session, fake_llm):
+    def run():
+        fake_llm.tool_call("memory_recall", {"query": "launch plan"})
+        fake_llm.reply("Step one, then step two.")
+        turn = turn_post(session=session, content=QUESTION, sender="Maria")
+        assert turn.status == Turn.Status.DONE and turn.tool_calls == 1
+    return run
+
+
+def preview_of(session):
+    def run():
+        prompt = prompt_assemble(session=session, message_text=QUESTION, sender="Maria", count_retrieval=False)
+        assert prompt.history and prompt.sections
+    return run
+
+
+def test_turn_and_preview_queries_do_not_grow_with_history_or_memories(team, fake_llm):
+    small = build_session(team, messages=10, memories=10)
+    long_history = build_session(team, messages=5_000, memories=10)
+    many_memories = build_session(team, messages=10, memories=10_000)
+    both = build_session(team, messages=5_000, memories=10_000)
+
+    sessions = (small, long_history, many_memories, both)
+    turn_counts = [queries_of(turn_with_a_tool_call(s, fake_llm), s) for s in sessions]
+    preview_counts = [queries_of(preview_of(s), s) for s in sessions]
+
+    assert len(set(turn_counts)) == 1, turn_counts
+    assert len(set(preview_counts)) == 1, preview_counts
+    # And the fixed number is small (reads, the stored events, the gateway's call log).
+    assert turn_counts[0] <= 40, turn_counts
+    assert preview_counts[0] <= 10, preview_counts
