@@ -22,6 +22,7 @@ from kinsite.tokencount import count_tokens
 from memories.models import Memory
 from memories.services import Actor
 from memories.tools import MemoryTool, ToolContext
+from sessions_app.compaction import compaction_needed
 from sessions_app.context import prompt_assemble
 from sessions_app.locks import SessionLock, session_lock
 from sessions_app.models import Event, Session, Turn
@@ -302,10 +303,7 @@ def _tool_round_store(*, session: Session, turn: Turn, content: str | None, call
 def _schedule_background_work(*, session: Session) -> None:
     """After the turn and outside the session lock (an eager task must not run under it):
     compaction when the un-summarised history has outgrown its share of the budget."""
-    try:
-        from sessions_app.compaction import compaction_needed
-        from sessions_app.tasks import compact_session_task
-    except ImportError:  # compaction not installed yet
-        return
+    from sessions_app.tasks import compact_session_task  # tasks import this module's callers
+
     if compaction_needed(session=session):
         transaction.on_commit(lambda: compact_session_task.delay(session.pk))
