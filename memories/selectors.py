@@ -4,13 +4,17 @@ Search reads the database once for candidates (full-text BM25 on either database
 plus a vector scan when an embedder is configured) and leaves the scoring to the pure
 functions of memories.ranking."""
 import logging
+import math
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import NamedTuple
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from kinsite.llm.gateway import llm_embed
 from kinsite.llm.providers import get_default_provider
@@ -125,29 +129,65 @@ SUBJECT_WEIGHT = 0.5
 # active memory of the scope, too slow per query at 100,000 memories, so they are cached
 # briefly: a minute-old count barely moves BM25, and idf is clamped so it stays positive.
 SCOPE_STATS_SECONDS = 60
+# Common terms (PostgreSQL). A lexeme in at least this share of the scope's memories, and
+# in at least COMMON_TERM_MIN_DOCS of them, is common: it still scores, but it does not
+# pull memories in as candidates, as in Lucene's CommonTermsQuery. Scoring every memory
+# that says "prefers" or "team" was most of a search's time at 100,000 memories, and
+# such a memory lacking every rarer word of the query is rarely what the query is about.
+# A query made only of common terms (or whose rarer terms match nothing) takes its
+# candidates from its rarest common term. Below COMMON_TERM_MIN_DOCS matches, scoring
+# them all takes well under a millisecond, so small scopes are searched exhaustively.
+COMMON_TERM_SHARE = 0.05
+COMMON_TERM_MIN_DOCS = 250
+
+
+@dataclass(frozen=True)
+class ScopeStats:
+    """What BM25 needs to know about a scope beyond the matching memories: its active
+    memory count, their average tsvector length, and the document frequency of every
+    common lexeme (see COMMON_TERM_SHARE)."""
+
+    count: int
+    avg_length: float
+    common: dict[str, int] = field(default_factory=dict)
+
+
+class TextMatch(NamedTuple):
+    """A full-text candidate: BM25 score plus the fields ranking needs, read by the same
+    query so search does not fetch every candidate again."""
+
+    id: int
+    score: float
+    importance: int
+    category: str
+    updated_at: datetime
+    subject: str
 
 
 def _scope_sql(*, team: Team, kin: Kin | None, include_shared: bool) -> tuple[str, dict]:
     params = {"team": team.pk}
+    # PostgreSQL: the ids are cast to bigint, the columns' type, because btree_gin's
+    # operator classes (migration 0003) only serve same-type comparisons.
+    cast = "::bigint" if connection.vendor == "postgresql" else ""
     if kin is None:
-        return "m.team_id = %(team)s AND m.kin_id IS NULL", params
+        return f"m.team_id = %(team)s{cast} AND m.kin_id IS NULL", params
     params["kin"] = kin.pk
     if include_shared:
-        return "m.team_id = %(team)s AND (m.kin_id = %(kin)s OR m.kin_id IS NULL)", params
-    return "m.team_id = %(team)s AND m.kin_id = %(kin)s", params
+        return f"m.team_id = %(team)s{cast} AND (m.kin_id = %(kin)s{cast} OR m.kin_id IS NULL)", params
+    return f"m.team_id = %(team)s{cast} AND m.kin_id = %(kin)s{cast}", params
 
 
 def _text_scores(*, terms: list[str], team: Team, kin: Kin | None, include_shared: bool,
-                 limit: int) -> list[tuple[int, float]]:
-    """(memory id, BM25 score) of active memories in scope matching any term, best first."""
+                 limit: int) -> list[TextMatch]:
+    """Active memories in scope matching the terms, best BM25 score first."""
     scope_sql, params = _scope_sql(team=team, kin=kin, include_shared=include_shared)
     if connection.vendor == "postgresql":
         return _text_scores_postgresql(terms, scope_sql, params, limit, include_shared)
     return _text_scores_sqlite(terms, scope_sql, params, limit)
 
 
-def _scope_stats_postgresql(scope_sql: str, params: dict, include_shared: bool) -> tuple[int, float]:
-    key = f"memories:bm25:{params['team']}:{params.get('kin', 'shared')}:{int(include_shared)}"
+def _scope_stats_postgresql(scope_sql: str, params: dict, include_shared: bool) -> ScopeStats:
+    key = f"memories:bm25:v2:{params['team']}:{params.get('kin', 'shared')}:{int(include_shared)}"
     stats = cache.get(key)
     if stats is None:
         with connection.cursor() as cursor:
@@ -157,16 +197,32 @@ def _scope_stats_postgresql(scope_sql: str, params: dict, include_shared: bool) 
                 params,
             )
             count, avg_length = cursor.fetchone()
-        stats = (int(count), max(float(avg_length), 1.0))
+            min_docs = max(COMMON_TERM_MIN_DOCS, math.ceil(COMMON_TERM_SHARE * count))
+            common = {}
+            if count >= min_docs:
+                # ts_stat() counts every lexeme of the scope in one pass. It takes its rows
+                # as query text, so the scope's ids (integers) are written into it.
+                rows_sql = f"SELECT m.search_tsv FROM memories_memory m WHERE m.status = 'active' AND {scope_sql}"
+                cursor.execute("SELECT word, ndoc FROM ts_stat(%(rows)s) WHERE ndoc >= %(min_docs)s",
+                               {"rows": rows_sql % {k: int(v) for k, v in params.items()}, "min_docs": min_docs})
+                common = {word: int(ndoc) for word, ndoc in cursor.fetchall()}
+        stats = ScopeStats(count=int(count), avg_length=max(float(avg_length), 1.0), common=common)
         cache.set(key, stats, SCOPE_STATS_SECONDS)
     return stats
 
 
+def bm25_idf(*, count: int, df: int | float) -> float:
+    """Lucene's BM25 idf; the count is clamped to df because cached counts can lag."""
+    return math.log(1.0 + (max(count, df) - df + 0.5) / (df + 0.5))
+
+
 def _text_scores_postgresql(terms, scope_sql, params, limit, include_shared):
-    """BM25 over the stored tsvector (migration 0002: content weight A, subject B, GIN
-    index over active rows). ts_rank has no inverse document frequency, so BM25 is
-    computed here: document frequencies from the matching rows (every row matching a
-    term is a candidate), count and average length from the cached scope statistics.
+    """BM25 over the stored tsvector (migration 0002: content weight A, subject B; GIN
+    indexes per scope: migration 0003). ts_rank has no inverse document frequency, so
+    BM25 is computed here. Candidates are the memories matching the query's rare
+    lexemes (common ones only add to their scores; see COMMON_TERM_SHARE), so the
+    rare lexemes' document frequencies are counted exactly among the candidates; the
+    common lexemes' come with the cached scope statistics, as do count and average length.
 
     Term frequency is 1 for a match in the content and SUBJECT_WEIGHT for a match in the
     subject only. Memories are a sentence or two, so a term rarely repeats; testing `@@`
@@ -180,44 +236,69 @@ def _text_scores_postgresql(terms, scope_sql, params, limit, include_shared):
         lexemes = [row[0] for row in cursor.fetchall()]
     if not lexemes:
         return []  # only PostgreSQL stop words
-    count, avg_length = _scope_stats_postgresql(scope_sql, params, include_shared)
-    params = {**params, "tsquery": " | ".join(_tsquery_literal(lexeme) for lexeme in lexemes),
-              "subject_weight": SUBJECT_WEIGHT, "n": count, "avg_length": avg_length,
+    stats = _scope_stats_postgresql(scope_sql, params, include_shared)
+    common = [lexeme for lexeme in lexemes if lexeme in stats.common]
+    rare = [lexeme for lexeme in lexemes if lexeme not in stats.common]
+    rarest_common = min(common, key=lambda lexeme: (stats.common[lexeme], lexeme)) if common else None
+    params = {**params, "subject_weight": SUBJECT_WEIGHT, "n": stats.count, "avg_length": stats.avg_length,
               "k1": BM25_K1, "b": BM25_B, "limit": limit}
+
+    def matching(lexemes_of_tsquery: list[str], name: str) -> str:
+        params[name] = " | ".join(_tsquery_literal(lexeme) for lexeme in lexemes_of_tsquery)
+        return (f"SELECT m.id, m.search_tsv FROM memories_memory m "
+                f"WHERE m.status = 'active' AND m.search_tsv @@ %({name})s::tsquery AND {scope_sql}")
+
+    ctes = []
+    if rare:
+        ctes.append(f"rare_matches AS MATERIALIZED ({matching(rare, 'rare')})")
+        matches = "SELECT id, search_tsv FROM rare_matches"
+        if rarest_common is not None:
+            # Planned as a one-time filter: the scan only runs when no rare lexeme matched.
+            matches += (f" UNION ALL {matching([rarest_common], 'fallback')}"
+                        f" AND NOT EXISTS (SELECT 1 FROM rare_matches)")
+    else:
+        matches = matching([rarest_common], "fallback")
+
     tf_columns, df_columns, score_terms = [], [], []
     for i, lexeme in enumerate(lexemes):
         params[f"any{i}"] = _tsquery_literal(lexeme)
         params[f"content{i}"] = _tsquery_literal(lexeme) + ":A"
         tf_columns.append(
-            f"CASE WHEN m.search_tsv @@ %(content{i})s::tsquery THEN 1.0::float8 "
-            f"WHEN m.search_tsv @@ %(any{i})s::tsquery THEN %(subject_weight)s::float8 "
-            f"ELSE 0.0::float8 END AS tf{i}"
+            f"CASE WHEN c.search_tsv @@ %(any{i})s::tsquery THEN CASE WHEN c.search_tsv @@ %(content{i})s::tsquery "
+            f"THEN 1.0::float8 ELSE %(subject_weight)s::float8 END ELSE 0.0::float8 END AS tf{i}"
         )
-        df_columns.append(f"count(*) FILTER (WHERE tf{i} > 0)::float8 AS df{i}")
-        score_terms.append(
-            f"ln(1.0::float8 + (greatest(%(n)s::float8, d.df{i}) - d.df{i} + 0.5::float8) / (d.df{i} + 0.5::float8))"
-            f" * c.tf{i} * (%(k1)s::float8 + 1.0::float8) / (c.tf{i} + c.norm)"
-        )
-    sql = f"""
-        WITH candidates AS MATERIALIZED (
-            SELECT m.id,
+        if lexeme in stats.common:
+            params[f"idf{i}"] = bm25_idf(count=stats.count, df=stats.common[lexeme])
+            idf = f"%(idf{i})s::float8"
+        else:
+            df_columns.append(f"count(*) FILTER (WHERE tf{i} > 0)::float8 AS df{i}")
+            idf = (f"ln(1.0::float8 + (greatest(%(n)s::float8, d.df{i}) - d.df{i} + 0.5::float8)"
+                   f" / (d.df{i} + 0.5::float8))")
+        score_terms.append(f"{idf} * c.tf{i} * (%(k1)s::float8 + 1.0::float8) / (c.tf{i} + c.norm)")
+    ctes.append(f"""candidates AS MATERIALIZED (
+            SELECT c.id,
                    %(k1)s::float8 * (1.0::float8 - %(b)s::float8
-                       + %(b)s::float8 * length(m.search_tsv)::float8 / %(avg_length)s::float8) AS norm,
+                       + %(b)s::float8 * length(c.search_tsv)::float8 / %(avg_length)s::float8) AS norm,
                    {", ".join(tf_columns)}
-            FROM memories_memory m
-            WHERE m.status = 'active' AND m.search_tsv @@ %(tsquery)s::tsquery AND {scope_sql}
-        ),
-        document_frequency AS (
-            SELECT {", ".join(df_columns)} FROM candidates
-        )
-        SELECT c.id, {" + ".join(score_terms)} AS score
-        FROM candidates c CROSS JOIN document_frequency d
-        ORDER BY score DESC, c.id
-        LIMIT %(limit)s
+            FROM ({matches}) c
+        )""")
+    if df_columns:
+        ctes.append(f"document_frequency AS (SELECT {', '.join(df_columns)} FROM candidates)")
+    ctes.append(f"""best AS (
+            SELECT c.id, {" + ".join(score_terms)} AS score
+            FROM candidates c {"CROSS JOIN document_frequency d" if df_columns else ""}
+            ORDER BY score DESC, c.id
+            LIMIT %(limit)s
+        )""")
+    sql = f"""
+        WITH {", ".join(ctes)}
+        SELECT best.id, best.score, m.importance, m.category, m.updated_at, m.subject
+        FROM best JOIN memories_memory m ON m.id = best.id
+        ORDER BY best.score DESC, best.id
     """
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [(row[0], float(row[1])) for row in cursor.fetchall()]
+        return [TextMatch(row[0], float(row[1]), *row[2:]) for row in cursor.fetchall()]
 
 
 def _tsquery_literal(lexeme: str) -> str:
@@ -230,7 +311,8 @@ def _text_scores_sqlite(terms, scope_sql, params, limit):
     # 0002), columns (subject, content). bm25() is lower-is-better; its statistics cover
     # the whole table, which is cheap and close enough.
     sql = f"""
-        SELECT m.id, -bm25(memories_memory_fts, %(subject_weight)s, 1.0) AS score
+        SELECT m.id, -bm25(memories_memory_fts, %(subject_weight)s, 1.0) AS score,
+               m.importance, m.category, m.updated_at, m.subject
         FROM memories_memory_fts
         JOIN memories_memory m ON m.id = memories_memory_fts.rowid
         WHERE memories_memory_fts MATCH %(match)s AND m.status = 'active' AND {scope_sql}
@@ -240,7 +322,17 @@ def _text_scores_sqlite(terms, scope_sql, params, limit):
     params = {**params, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT, "limit": limit}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [(row[0], float(row[1])) for row in cursor.fetchall()]
+        return [TextMatch(row[0], float(row[1]), row[2], row[3], _sqlite_datetime(row[4]), row[5])
+                for row in cursor.fetchall()]
+
+
+def _sqlite_datetime(value) -> datetime:
+    # A raw SQLite cursor returns the stored text; with USE_TZ Django stores it in UTC.
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if settings.USE_TZ and timezone.is_naive(value):
+        value = value.replace(tzinfo=UTC)
+    return value
 
 
 # --- duplicates -------------------------------------------------------------------------------
@@ -265,7 +357,7 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
         return scope.filter(content__iexact=content.strip()).order_by("-updated_at", "-id").first()
 
     scored: dict[int, float] = {}
-    text_ids = [memory_id for memory_id, _ in _text_scores(
+    text_ids = [match.id for match in _text_scores(
         terms=query_terms(content), team=team, kin=kin, include_shared=False, limit=DUPLICATE_TEXT_CANDIDATES,
     )]
     vector_similarities = _vector_similarities(scope, embedding) if embedding is not None else {}
@@ -301,37 +393,44 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
     # Ranking may reorder BM25's list by importance, recency and subject, so it gets
     # more than `limit` candidates to choose from.
     candidate_limit = max(limit * 5, 50)
-    text_scores = dict(_text_scores(terms=terms, team=team, kin=kin, include_shared=include_shared,
-                                    limit=candidate_limit))
+    text_matches = {match.id: match for match in _text_scores(
+        terms=terms, team=team, kin=kin, include_shared=include_shared, limit=candidate_limit)}
     vector_similarities: dict[int, float] = {}
     embedding = memory_embed(team=team, kin=kin, text=" ".join(query.split())[:8000], purpose="memory_search")
     if embedding is not None:
         scope = memory_list(team=team, kin=kin, include_shared=include_shared, status=Memory.Status.ACTIVE)
         similarities = _vector_similarities(scope, embedding)
         nearest = sorted(similarities, key=lambda i: -similarities[i])[:candidate_limit]
-        vector_similarities = {i: similarities[i] for i in set(nearest) | (set(text_scores) & set(similarities))}
-    ids = set(text_scores) | set(vector_similarities)
-    if not ids:
-        return []
-    rows = Memory.objects.filter(pk__in=ids, status=Memory.Status.ACTIVE).select_related("kin").defer("embedding")
-    if category:
-        rows = rows.filter(category=category)
-    memories = {memory.pk: memory for memory in rows}
+        vector_similarities = {i: similarities[i] for i in set(nearest) | (set(text_matches) & set(similarities))}
+    fields = {i: (m.importance, m.category, m.updated_at, m.subject) for i, m in text_matches.items()}
+    vector_only = set(vector_similarities) - set(text_matches)
+    if vector_only:
+        rows = Memory.objects.filter(pk__in=vector_only, status=Memory.Status.ACTIVE).values_list(
+            "id", "importance", "category", "updated_at", "subject")
+        fields.update((row[0], row[1:]) for row in rows)
     candidates = [
         ranking.Candidate(
-            id=memory.pk,
-            text_score=text_scores.get(memory.pk, 0.0),
-            vector_similarity=vector_similarities.get(memory.pk),
-            importance=memory.importance,
-            category=memory.category,
-            updated_at=memory.updated_at,
-            subject=memory.subject,
+            id=memory_id,
+            text_score=text_matches[memory_id].score if memory_id in text_matches else 0.0,
+            vector_similarity=vector_similarities.get(memory_id),
+            importance=importance,
+            category=memory_category,
+            updated_at=updated_at,
+            subject=subject,
         )
-        for memory in memories.values()
+        for memory_id, (importance, memory_category, updated_at, subject) in fields.items()
+        if not category or memory_category == category
     ]
+    if not candidates:
+        return []
     ranked = ranking.rank(candidates, query=query, now=timezone.now(),
                           half_life_days=settings.MEMORY_HALF_LIFE_DAYS, limit=limit)
-    hits = [MemoryHit(memory=memories[r.id], score=r.score, components=r.components()) for r in ranked]
+    # Only the hits become model instances: building one per candidate was a third of a
+    # search's time.
+    hit_rows = Memory.objects.filter(pk__in=[r.id for r in ranked], status=Memory.Status.ACTIVE)
+    memories = hit_rows.select_related("kin").defer("embedding").in_bulk()
+    hits = [MemoryHit(memory=memories[r.id], score=r.score, components=r.components())
+            for r in ranked if r.id in memories]
     if count_retrieval and hits:
         from memories.services import memories_mark_retrieved  # services import this module
 

@@ -4,6 +4,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.utils import timezone
 
 from kinsite.llm.providers import ScriptedProvider, provider_override
@@ -204,3 +205,82 @@ def test_query_count_is_bounded_and_does_not_grow_with_memories(team, kin, djang
     # SQLite: search + rows; PostgreSQL: lexemes + search + rows.
     with django_assert_max_num_queries(3):
         assert search(team, kin, "invoice cluster")
+
+
+# --- common terms (PostgreSQL) ------------------------------------------------------------
+
+
+@pytest.fixture
+def common_terms(monkeypatch):
+    """Switches common terms on (a lexeme in at least 3 memories and 30% of the scope is
+    common; the production thresholds only bite at thousands of memories) or off."""
+    from memories import selectors
+
+    def switch(on: bool):
+        monkeypatch.setattr(selectors, "COMMON_TERM_MIN_DOCS", 3 if on else 10**9)
+        monkeypatch.setattr(selectors, "COMMON_TERM_SHARE", 0.3)
+        cache.clear()  # the common lexemes are part of the cached scope statistics
+
+    return switch
+
+
+def add_common(team, kin):
+    # "prefers" in 5 of 10 memories, "updates" and "roadmap" in 4.
+    for text in FILLER:
+        add(team, kin, text)
+    for person in ("Tom", "Aisha", "Kenji", "Lena"):
+        add(team, kin, f"{person} prefers updates about the roadmap")
+    add(team, kin, "Omar prefers answers in bullet points")
+
+
+@pytest.mark.postgres
+def test_common_terms_score_but_do_not_pull_in_candidates(team, kin, common_terms):
+    add_common(team, kin)
+    both = add(team, kin, "Maria prefers espresso after lunch")
+    rare_only = add(team, kin, "The espresso machine is in the kitchen")
+    common_terms(False)
+    assert len(search(team, kin, "prefers updates espresso")) > 2
+    common_terms(True)
+    assert [hit.memory for hit in search(team, kin, "prefers updates espresso")] == [both, rare_only]
+
+
+@pytest.mark.postgres
+def test_query_of_common_terms_only_draws_on_its_rarest_term(team, kin, common_terms):
+    add_common(team, kin)
+    add(team, kin, "Maria prefers tea")
+    common_terms(False)
+    assert any("updates" not in hit.memory.content for hit in search(team, kin, "prefers updates"))
+    common_terms(True)
+    hits = search(team, kin, "prefers updates")
+    assert len(hits) == 4 and all("updates" in hit.memory.content for hit in hits)
+
+
+@pytest.mark.postgres
+def test_rare_terms_that_match_nothing_fall_back_to_common_ones(team, kin, common_terms):
+    add_common(team, kin)
+    common_terms(True)
+    hits = search(team, kin, "zebra updates")
+    assert len(hits) == 4 and all("updates" in hit.memory.content for hit in hits)
+
+
+def test_small_scopes_match_every_term(team, kin):
+    # With the default thresholds nothing in a small scope is common: a memory matching
+    # only a frequent word is still a candidate.
+    add_common(team, kin)
+    rare = add(team, kin, "Maria prefers espresso after lunch")
+    hits = search(team, kin, "espresso answers")
+    assert [hit.memory for hit in hits][:1] == [rare]
+    assert "Omar prefers answers in bullet points" in contents(hits)
+
+
+@pytest.mark.postgres
+def test_scope_gin_indexes_skip_the_pending_list(db):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'btree_gin'")
+        if cursor.fetchone() is None:
+            pytest.skip("btree_gin is not available: migration 0003 keeps the table-wide index")
+        cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname LIKE 'memory_search_%%gin'")
+        indexes = dict(cursor.fetchall())
+    assert indexes == {"memory_search_kin_gin": ["fastupdate=off"], "memory_search_shared_gin": ["fastupdate=off"]}
