@@ -5,6 +5,7 @@ from django.urls import include, path
 
 from kinsite import views
 from memories import views as memory_views
+from sessions_app import views as session_views
 
 pages = [
     path("", views.home, name="home"),
@@ -15,7 +16,9 @@ pages = [
     path("kins/<int:kin_id>/memories/<int:memory_id>/", memory_views.memory_detail, name="memory_detail"),
     path("kins/<int:kin_id>/memories/<int:memory_id>/edit/", memory_views.memory_edit, name="memory_edit"),
     path("kins/<int:kin_id>/memories/<int:memory_id>/delete/", memory_views.memory_delete, name="memory_delete"),
-    path("sessions/<int:session_id>/", views.session_detail, name="session_detail"),
+    path("sessions/<int:session_id>/", session_views.session_detail, name="session_detail"),
+    path("sessions/<int:session_id>/post/", session_views.session_post, name="session_post"),
+    path("sessions/<int:session_id>/preview/", session_views.session_prompt_preview, name="session_prompt_preview"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
 ]

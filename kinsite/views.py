@@ -1,9 +1,9 @@
-"""Dashboard pages: the team's kins, a kin, a session. Every read goes through a
-selector scoped to the signed-in user's team; other teams' objects answer 404."""
+"""Dashboard pages: the team's kins, a kin, API tokens (a session's chat page is in
+sessions_app.views). Every read goes through a selector scoped to the signed-in
+user's team; other teams' objects answer 404."""
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.http import HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -14,7 +14,6 @@ from kinsite.selectors import api_token_list, membership_role, team_for_user
 from kinsite.services import api_token_issue, api_token_revoke
 from sessions_app import selectors as sessions
 
-MESSAGES_PER_PAGE = 50
 SEARCH_MAX_CHARS = 100
 
 
@@ -60,18 +59,6 @@ def kin_detail(request, kin_id: int):
     kin = sessions.kin_get(team=request.team, kin_id=kin_id)
     chat_sessions = sessions.session_list_with_counts(team=request.team, kin=kin)
     return render(request, "dashboard/kin_detail.html", {"kin": kin, "chat_sessions": chat_sessions})
-
-
-@team_required
-def session_detail(request, session_id: int):
-    chat_session = sessions.session_get(team=request.team, session_id=session_id)
-    messages = sessions.message_list(session=chat_session).order_by("created_at", "id")
-    page = Paginator(messages, MESSAGES_PER_PAGE).get_page(request.GET.get("page"))
-    return render(
-        request,
-        "dashboard/session_detail.html",
-        {"chat_session": chat_session, "kin": chat_session.kin, "page": page},
-    )
 
 
 TOKEN_MANAGER_ROLES = {Membership.Role.OWNER, Membership.Role.ADMIN}

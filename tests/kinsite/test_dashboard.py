@@ -119,21 +119,6 @@ def test_kin_detail_shows_identity_and_sessions_with_message_counts(logged_in, t
     assert reverse("dashboard:session_detail", args=[chat.pk]) in body
 
 
-def test_session_detail_lists_messages_oldest_first_with_pages(logged_in, team, settings):
-    chat = SessionFactory(kin=KinFactory(team=team))
-    MessageFactory(session=chat, content="first hello", sender="Maria", platform="telegram")
-    MessageFactory.create_batch(50, session=chat)
-    MessageFactory(session=chat, content="latest goodbye")
-    url = reverse("dashboard:session_detail", args=[chat.pk])
-
-    first_page = logged_in.get(url).content.decode()
-    second_page = logged_in.get(url, {"page": 2}).content.decode()
-
-    assert "first hello" in first_page and "Maria" in first_page and "Telegram" in first_page
-    assert "latest goodbye" not in first_page
-    assert "latest goodbye" in second_page and "Page 2 of 2" in second_page
-
-
 def test_script_tags_in_kin_names_and_messages_are_escaped(logged_in, team):
     kin = KinFactory(team=team, name="<script>alert('kin')</script>")
     chat = SessionFactory(kin=kin, title="<script>alert('title')</script>")

@@ -1,0 +1,244 @@
+"""Dashboard pages for a session: the chat (post with or without htmx; the reply is
+swapped in, with the tool calls that led to it folded underneath) and the prompt
+preview beside it. Posting calls sessions_app.turns.turn_post and the preview calls
+sessions_app.context.prompt_assemble, the same services the API calls."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from django import forms
+from django.conf import settings
+from django.core.paginator import Paginator
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_POST, require_safe
+
+from kinsite.views import _wants_partial, team_required
+from sessions_app import selectors, turns
+from sessions_app.context import prompt_assemble
+from sessions_app.locks import SessionBusy
+from sessions_app.models import Event, Session, Turn
+
+# The newest page comes first: a chat opens on its latest messages.
+MESSAGES_PER_PAGE = 50
+# What the conversation lists; tool calls and results are folded under the reply they led to.
+CONVERSATION_KINDS = (Event.Kind.MESSAGE, Event.Kind.COMMAND)
+TOOL_KINDS = (Event.Kind.TOOL_CALL, Event.Kind.TOOL_RESULT)
+# Everything typed in the dashboard is the web platform.
+PLATFORM = Event.Platform.WEB
+SENDER_MAX_CHARS = 200  # Event.sender's length
+
+
+class ChatPostForm(forms.Form):
+    content = forms.CharField(
+        max_length=settings.MESSAGE_MAX_CHARS, strip=False,
+        error_messages={"required": "Write a message first."},
+    )
+    sender = forms.CharField(max_length=SENDER_MAX_CHARS, required=False)
+
+    def clean_content(self):
+        content = self.cleaned_data["content"]
+        if not content.strip():
+            raise forms.ValidationError("Write a message first.")
+        return content
+
+
+class PreviewForm(forms.Form):
+    message = forms.CharField(max_length=settings.MESSAGE_MAX_CHARS, required=False, strip=False)
+    sender = forms.CharField(max_length=SENDER_MAX_CHARS, required=False)
+
+
+# --- the conversation, as shown ---------------------------------------------------------------
+
+
+@dataclass
+class ToolStep:
+    """One tool call of a turn and the result the kin got back (None: not stored)."""
+
+    name: str
+    arguments: str
+    result: str | None = None
+
+
+@dataclass
+class ChatEntry:
+    """A message or command event, with the tool steps folded under it and, for a
+    user message, the turn that answered it (None for imported messages)."""
+
+    event: Event
+    turn: Turn | None = None
+    tool_steps: list[ToolStep] = field(default_factory=list)
+
+    @property
+    def error(self) -> str:
+        return self.turn.error if self.turn is not None and self.turn.status == Turn.Status.FAILED else ""
+
+    @property
+    def awaiting_reply(self) -> bool:
+        return self.turn is not None and self.turn.status in (Turn.Status.PENDING, Turn.Status.RUNNING)
+
+
+def _pretty_arguments(arguments) -> str:
+    if not isinstance(arguments, str):
+        return json.dumps(arguments, indent=2, ensure_ascii=False)
+    try:
+        return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
+    except ValueError:
+        return arguments
+
+
+def tool_steps_by_turn(tool_events: list[Event]) -> dict[int, list[ToolStep]]:
+    """Tool-call and tool-result events (oldest first) as steps, grouped by turn id."""
+    steps: dict[int, list[ToolStep]] = {}
+    by_call_id: dict[tuple[int, str], ToolStep] = {}
+    for event in tool_events:
+        turn_id = event.data.get("turn")
+        if event.kind == Event.Kind.TOOL_CALL:
+            for call in event.data.get("tool_calls", []):
+                step = ToolStep(name=str(call.get("name", "")), arguments=_pretty_arguments(call.get("arguments", "")))
+                steps.setdefault(turn_id, []).append(step)
+                by_call_id[(turn_id, str(call.get("id", "")))] = step
+        else:
+            step = by_call_id.get((turn_id, str(event.data.get("tool_call_id", ""))))
+            if step is not None:
+                step.result = event.content
+    return steps
+
+
+def chat_entries(events: list[Event], turn_rows: list[Turn], tool_events: list[Event]) -> list[ChatEntry]:
+    """The conversation as shown: each event (oldest first) with its turn and tool steps.
+    A turn's tool steps go under its reply; under the user message only when the turn
+    has no reply (it failed, or is still running)."""
+    steps = tool_steps_by_turn(tool_events)
+    turn_by_message = {turn.user_message_id: turn for turn in turn_rows}
+    entries = []
+    for event in events:
+        turn = turn_by_message.get(event.pk) if event.role == Event.Role.USER else None
+        if event.kind == Event.Kind.MESSAGE and event.role == Event.Role.ASSISTANT:
+            tool_steps = steps.get(event.data.get("turn"), [])
+        elif turn is not None and turn.reply_id is None:
+            tool_steps = steps.get(turn.pk, [])
+        else:
+            tool_steps = []
+        entries.append(ChatEntry(event=event, turn=turn, tool_steps=tool_steps))
+    return entries
+
+
+def _entries_for(session: Session, events: list[Event]) -> list[ChatEntry]:
+    """Two queries whatever the number of events: their turns, and the tool events of
+    those turns (found by the turn id stored on each tool event, from the oldest event
+    shown on, which keeps the scan on the session's time index)."""
+    if not events:
+        return []
+    user_ids = [event.pk for event in events if event.role == Event.Role.USER]
+    turn_rows = list(Turn.objects.filter(user_message_id__in=user_ids)) if user_ids else []
+    turn_ids = {turn.pk for turn in turn_rows}
+    turn_ids |= {event.data["turn"] for event in events if isinstance(event.data.get("turn"), int)}
+    tool_events = []
+    if turn_ids:
+        tool_events = list(
+            Event.objects.filter(
+                session=session, kind__in=TOOL_KINDS, created_at__gte=events[0].created_at,
+                data__turn__in=sorted(turn_ids),
+            ).order_by("created_at", "id")
+        )
+    return chat_entries(events, turn_rows, tool_events)
+
+
+def _session_page(request, chat_session: Session, *, form: ChatPostForm | None = None, error: str = "",
+                  status: int = 200):
+    events = Event.objects.filter(session=chat_session, kind__in=CONVERSATION_KINDS).order_by("-created_at", "-id")
+    page = Paginator(events, MESSAGES_PER_PAGE).get_page(request.GET.get("page"))
+    entries = _entries_for(chat_session, list(reversed(page.object_list)))
+    if form is None:
+        form = ChatPostForm(initial={"sender": request.user.get_username()})
+    context = {
+        "chat_session": chat_session,
+        "kin": chat_session.kin,
+        "page": page,
+        "entries": entries,
+        "form": form,
+        "form_error": error,
+    }
+    return render(request, "dashboard/session_detail.html", context, status=status)
+
+
+# --- views -------------------------------------------------------------------------------------
+
+
+@require_safe
+@team_required
+def session_detail(request, session_id: int):
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    return _session_page(request, chat_session)
+
+
+@require_POST
+@team_required
+def session_post(request, session_id: int):
+    """One chat turn. Without htmx: redirect back to the session (the reply, or the
+    model's error under the message, is on the page). With htmx: 200 and a partial
+    that appends the message and its reply (or the error) to the conversation and
+    resets the form out of band; a model failure is not an HTTP error here because
+    htmx would not swap it in, and the message it concerns is stored either way."""
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    partial = _wants_partial(request)
+    form = ChatPostForm(request.POST)
+    if not form.is_valid():
+        if partial:
+            return _post_partial(request, chat_session, entries=[], form=form)
+        return _session_page(request, chat_session, form=form, status=400)
+    sender = form.cleaned_data["sender"].strip() or request.user.get_username()
+    try:
+        turn = turns.turn_post(session=chat_session, content=form.cleaned_data["content"], sender=sender,
+                               platform=PLATFORM)
+    except turns.TurnFailed as exc:
+        # The message and the failed turn are stored; the page shows the turn's error.
+        turn = Turn.objects.get(pk=exc.details["turn"])
+    except SessionBusy:
+        error = "The kin is still answering an earlier message of this session. Send yours again in a moment."
+        if partial:
+            return _post_partial(request, chat_session, entries=[], form=form, error=error)
+        return _session_page(request, chat_session, form=form, error=error, status=409)
+    if not partial:
+        return redirect(reverse("dashboard:session_detail", args=[chat_session.pk]))
+    events = Event.objects.filter(pk__in=[turn.user_message_id, turn.reply_id]).order_by("created_at", "id")
+    entries = _entries_for(chat_session, list(events))
+    form = ChatPostForm(initial={"sender": sender})
+    response = _post_partial(request, chat_session, entries=entries, form=form)
+    # After the swap, so the preview reads the emptied message box.
+    response["HX-Trigger-After-Swap"] = "chat-posted"
+    return response
+
+
+def _post_partial(request, chat_session, *, entries, form, error=""):
+    context = {"chat_session": chat_session, "entries": entries, "form": form, "form_error": error, "oob": True}
+    return render(request, "dashboard/_chat_post.html", context)
+
+
+@require_safe
+@team_required
+def session_prompt_preview(request, session_id: int):
+    """What a turn would send for the typed text (SPEC §4): the same prompt_assemble a
+    turn calls, with count_retrieval off so that previewing changes nothing."""
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    form = PreviewForm(request.GET)
+    prompt = None
+    if form.is_valid():
+        message = form.cleaned_data["message"]
+        sender = form.cleaned_data["sender"].strip() or request.user.get_username()
+        prompt = prompt_assemble(session=chat_session, message_text=message, sender=sender, platform=PLATFORM,
+                                 count_retrieval=False)
+    context = {"chat_session": chat_session, "kin": chat_session.kin, "form": form, "prompt": prompt}
+    if prompt is not None:
+        context["history_messages"] = sum(1 for entry in prompt.history if entry.item.kind == Event.Kind.MESSAGE)
+        context["budget_percent"] = min(100, round(100 * prompt.history_tokens / prompt.budget)) if prompt.budget else 0
+    partial = _wants_partial(request)
+    template = "dashboard/_prompt_preview.html" if partial else "dashboard/prompt_preview.html"
+    # An invalid partial still answers 200: htmx swaps only successful responses.
+    status = 400 if prompt is None and not partial else 200
+    response = render(request, template, context, status=status)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
