@@ -1,8 +1,18 @@
-"""Admin for teams, memberships, API tokens and the LLM call log (read-only)."""
+"""Admin for teams, memberships, API tokens, the LLM call log (read-only) and prompt templates."""
+from django import forms
 from django.contrib import admin, messages
+from django.utils.html import format_html, format_html_join
 
 from kinsite.admin_mixins import ReadOnlyAdminMixin
-from kinsite.models import ApiToken, LLMCall, Membership, Team
+from kinsite.models import ApiToken, LLMCall, Membership, PromptTemplate, Team
+from kinsite.prompt_templates import (
+    KINDS,
+    prompt_template_set_active,
+    template_default,
+    template_placeholders,
+    template_preview,
+    template_validate,
+)
 from kinsite.services import api_token_issue, api_token_revoke
 
 
@@ -61,3 +71,121 @@ class LLMCallAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ["status", "purpose", "provider"]
     search_fields = ["model", "error"]
     date_hierarchy = "created_at"
+
+
+class KinChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj):
+        return f"{obj.name} ({obj.team})"  # kins of different teams may share a name
+
+
+class PromptTemplateForm(forms.ModelForm):
+    class Meta:
+        model = PromptTemplate
+        fields = ["team", "kin", "kind", "name", "body", "is_active"]
+        field_classes = {"kin": KinChoiceField}
+        widgets = {"body": forms.Textarea(attrs={"rows": 30, "cols": 110, "style": "font-family: monospace"})}
+        help_texts = {
+            "kin": "Empty: the team's template, used by every kin of the team without its own.",
+            "body": "Placeholders are names in braces, e.g. {kin_name}; the ones each kind allows are listed "
+                    "below. Write {{ and }} for literal braces.",
+            "is_active": "Only active templates are used; at most one per kind for a kin, and one for the team.",
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "kin" in self.fields:
+            self.fields["kin"].queryset = self.fields["kin"].queryset.select_related("team")
+            if self.instance.pk:
+                self.fields["kin"].queryset = self.fields["kin"].queryset.filter(team_id=self.instance.team_id)
+
+    def clean(self):
+        cleaned = super().clean()
+        team, kin, kind, body = (cleaned.get(name) for name in ("team", "kin", "kind", "body"))
+        if kind and body is not None:
+            for error in template_validate(kind, body):
+                self.add_error("body", error)
+        if team and kin and kin.team_id != team.pk:
+            self.add_error("kin", f"{kin.name} belongs to team {kin.team}, not to {team}.")
+        elif team and kind and cleaned.get("is_active") and "kin" not in self.errors:
+            active = PromptTemplate.objects.filter(team=team, kin=kin, kind=kind, is_active=True)
+            if self.instance.pk:
+                active = active.exclude(pk=self.instance.pk)
+            other = active.first()
+            if other is not None:
+                scope = f"kin {kin.name}" if kin else f"team {team}"
+                # On is_active, so the model's own (less readable) constraint check is skipped.
+                self.add_error(
+                    "is_active",
+                    f"“{other.name}” is already the active {kind} template of {scope}. Save this one "
+                    "inactive and use the “Activate” action, or deactivate the other first.",
+                )
+        return cleaned
+
+
+@admin.register(PromptTemplate)
+class PromptTemplateAdmin(admin.ModelAdmin):
+    """Templates are edited, previewed and (de)activated here; they are not deleted, because
+    audit rows (consolidation runs) name the template they used: deactivate instead."""
+
+    form = PromptTemplateForm
+    list_display = ["name", "kind", "team", "kin", "is_active", "updated_at"]
+    list_filter = ["kind", "is_active", "team"]
+    search_fields = ["name", "body"]
+    list_select_related = ["team", "kin"]
+    readonly_fields = ["placeholders", "preview", "created_at", "updated_at"]
+    fieldsets = [
+        (None, {"fields": ["team", "kin", "kind", "name", "is_active"]}),
+        ("Template", {"fields": ["body", "placeholders"]}),
+        ("Preview", {"fields": ["preview"], "description": "The saved template rendered with sample values. "
+                     "“Save and continue editing” to preview changes."}),
+        (None, {"fields": ["created_at", "updated_at"]}),
+    ]
+    actions = ["activate", "deactivate"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_changeform_initial_data(self, request):
+        # ?kind=consolidation starts the body from that kind's built-in default.
+        initial = super().get_changeform_initial_data(request)
+        if initial.get("kind") in KINDS and "body" not in initial:
+            initial["body"] = template_default(initial["kind"])
+        return initial
+
+    @admin.display(description="Allowed placeholders")
+    def placeholders(self, obj):
+        kinds = [obj.kind] if obj and obj.kind in KINDS else list(KINDS)
+        return format_html_join(
+            "",
+            "<p><strong>{}</strong>: {}</p>",
+            (
+                (kind, format_html_join(", ", "<code>{{{}}}</code> ({})", template_placeholders(kind).items()))
+                for kind in kinds
+            ),
+        )
+
+    @admin.display(description="Rendered with sample values")
+    def preview(self, obj):
+        if obj is None or not obj.pk:
+            return "Save the template to see it rendered with sample values."
+        errors = template_validate(obj.kind, obj.body)
+        if errors:
+            return format_html_join("", '<p class="errornote">{}</p>', ((error,) for error in errors))
+        # format_html escapes the text: templates and sample values are shown, never interpreted.
+        return format_html(
+            '<pre class="prompt-preview" style="white-space: pre-wrap; max-width: 60em">{}</pre>',
+            template_preview(obj.kind, obj.body),
+        )
+
+    @admin.action(description="Activate selected templates (replacing the active one of the same scope)")
+    def activate(self, request, queryset):
+        for template in queryset.order_by("updated_at"):
+            prompt_template_set_active(template=template, active=True)
+        # Of several selected in one scope the most recently edited wins, so count what is active now.
+        messages.success(request, f"{queryset.filter(is_active=True).count()} of the selected template(s) now active.")
+
+    @admin.action(description="Deactivate selected templates")
+    def deactivate(self, request, queryset):
+        for template in queryset:
+            prompt_template_set_active(template=template, active=False)
+        messages.success(request, f"Deactivated {queryset.count()} template(s).")

@@ -96,3 +96,46 @@ class LLMCall(models.Model):
 
     def __str__(self):
         return f"{self.purpose} {self.model} {self.status}"
+
+
+class PromptTemplate(models.Model):
+    """An admin-editable prompt for a background job. Resolution: an explicit
+    template → the kin's → the team's → the built-in default in code
+    (kinsite.prompt_templates). Placeholders are named ({max_words}); unknown ones
+    and any attribute or index access are refused when the template is saved."""
+
+    class Kind(models.TextChoices):
+        INTROSPECTION = "introspection"
+        CONSOLIDATION = "consolidation"
+        COMPACTION = "compaction"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="prompt_templates")
+    # Empty: the team's template for every kin without its own.
+    kin = models.ForeignKey(
+        "sessions_app.Kin", null=True, blank=True, on_delete=models.CASCADE, related_name="prompt_templates"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    name = models.CharField(max_length=100)
+    body = models.TextField()
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team", "kind", "kin", "-updated_at"]
+        constraints = [
+            # At most one active template per (team, kin, kind); kin NULL is the team's own.
+            models.UniqueConstraint(
+                fields=["team", "kin", "kind"],
+                condition=models.Q(is_active=True, kin__isnull=False),
+                name="prompttemplate_one_active_per_kin",
+            ),
+            models.UniqueConstraint(
+                fields=["team", "kind"],
+                condition=models.Q(is_active=True, kin__isnull=True),
+                name="prompttemplate_one_active_per_team",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.kind}: {self.name}"

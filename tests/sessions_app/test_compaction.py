@@ -261,6 +261,43 @@ def test_second_compaction_merges_the_first(session, llm):
     assert kept == expected_kept(first_events + second_events, BUDGET // 4)
 
 
+def test_kin_template_override_is_the_prompt_the_model_receives(session, llm, other_team):
+    from kinsite.models import PromptTemplate
+
+    team = session.kin.team
+    PromptTemplate.objects.create(team=team, kind="compaction", name="team", body="TEAM {transcript}")
+    PromptTemplate.objects.create(
+        team=team, kin=session.kin, kind="compaction", name="terse",
+        body="Terse summary for {kin_name} of {message_count} messages ({{no prose}}):\n{transcript}",
+    )
+    PromptTemplate.objects.create(team=other_team, kind="compaction", name="other", body="OTHER {transcript}")
+    events = chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY)
+
+    summary = session_compact(session=session)
+
+    user_prompt = llm.calls[-1].messages[-1]["content"]
+    assert user_prompt.startswith(
+        f"Terse summary for {session.kin.name} of {summary.message_count} messages ({{no prose}}):\n"
+        "[2026-03-02T09:00:00+00:00] Maria: Please add region 0"
+    )
+    assert events[-1].content not in user_prompt
+    assert "TEAM" not in user_prompt and "OTHER" not in user_prompt and "## Open threads" not in user_prompt
+
+
+def test_broken_stored_template_falls_back_to_the_built_in_prompt(session, llm):
+    from kinsite.models import PromptTemplate
+
+    # Admin refuses this body; a row written around admin must not stop compaction.
+    PromptTemplate.objects.create(team=session.kin.team, kin=session.kin, kind="compaction", name="broken",
+                                  body="{transcript.__class__}")
+    chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY)
+
+    assert session_compact(session=session) is not None
+    assert "## Open threads" in sent_prompt(llm)
+
+
 # --- failures and duplicates ---------------------------------------------------------------
 
 
