@@ -1,8 +1,9 @@
-"""The Celery app. The beat schedule lives here, in one place; later issues add
-their entries (idle introspection, nightly consolidation)."""
+"""The Celery app. The beat schedule lives here, in one place (beat runs once per
+deployment); later issues add their entries (nightly consolidation)."""
 import os
 
 from celery import Celery
+from celery.schedules import crontab
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kinsite.settings")
 
@@ -10,4 +11,11 @@ app = Celery("kinsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
-app.conf.beat_schedule = {}
+app.conf.beat_schedule = {
+    # Every minute: introspect sessions idle for idle_timeout_minutes with events after
+    # their introspection cursor (an indexed query over flagged sessions only).
+    "introspect-idle-sessions": {
+        "task": "sessions_app.tasks.scan_idle_sessions_task",
+        "schedule": crontab(),
+    },
+}

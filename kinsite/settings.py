@@ -165,6 +165,16 @@ KIN_MAX_TOOL_CALLS = env_int("KIN_MAX_TOOL_CALLS", 8)
 COMPACTION_TRIGGER_RATIO = env_float("COMPACTION_TRIGGER_RATIO", 0.75)
 COMPACTION_KEEP_TOKENS = env_int("COMPACTION_KEEP_TOKENS", 0)
 MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 100_000)
+# Introspection (SPEC §7): a background agent run that distils a session into memories,
+# its working memory and its description. Each kin may override any key in
+# Kin.overrides["introspection"]; model None (empty) is the kin's own model.
+INTROSPECTION = {
+    "enabled": env_bool("INTROSPECTION_ENABLED", True),
+    "turn_interval": env_int("INTROSPECTION_TURN_INTERVAL", 5),
+    "idle_timeout_minutes": env_int("INTROSPECTION_IDLE_TIMEOUT_MINUTES", 10),
+    "max_tool_calls": env_int("INTROSPECTION_MAX_TOOL_CALLS", 10),
+    "model": env_str("INTROSPECTION_MODEL", "") or None,
+}
 IMPORT_MAX_MESSAGES = env_int("IMPORT_MAX_MESSAGES", 1_000)
 SEARCH_MAX_QUERY_CHARS = env_int("SEARCH_MAX_QUERY_CHARS", 5_000)
 SEARCH_DEFAULT_LIMIT = env_int("SEARCH_DEFAULT_LIMIT", 10)

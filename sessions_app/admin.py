@@ -1,8 +1,9 @@
 """Admin for kins, sessions and the event store (events are read-only: history is never rewritten)."""
-from django.contrib import admin
+from django.contrib import admin, messages
 
 from kinsite.admin_mixins import ReadOnlyAdminMixin
-from sessions_app.models import Event, Kin, Session, Summary, Turn
+from sessions_app.introspection import IntrospectionDisabled, introspection_request
+from sessions_app.models import Event, IntrospectionRun, Kin, Session, Summary, Turn
 
 
 @admin.register(Kin)
@@ -15,10 +16,26 @@ class KinAdmin(admin.ModelAdmin):
 
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin):
-    list_display = ["id", "title", "kin", "last_activity_at", "created_at"]
+    list_display = ["id", "title", "kin", "last_activity_at", "introspection_pending", "created_at"]
     list_filter = ["kin__team"]
     search_fields = ["title", "description"]
     raw_id_fields = ["kin"]
+    actions = ["introspect_now"]
+
+    @admin.action(description="Introspect now")
+    def introspect_now(self, request, queryset):
+        queued, disabled = [], []
+        for session in queryset.select_related("kin"):
+            try:
+                queued.append(introspection_request(session=session, trigger=IntrospectionRun.Trigger.MANUAL).pk)
+            except IntrospectionDisabled:
+                disabled.append(session.pk)
+        if queued:
+            self.message_user(request, f"Introspection requested: run(s) {', '.join(map(str, queued))}.",
+                              messages.SUCCESS)
+        if disabled:
+            self.message_user(request, "Introspection is disabled for the kin of session(s) "
+                              f"{', '.join(map(str, disabled))}.", messages.WARNING)
 
 
 @admin.register(Event)
@@ -42,4 +59,12 @@ class TurnAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 class SummaryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "session", "message_count", "first_at", "last_at", "token_count", "created_at"]
     search_fields = ["content"]
+    list_select_related = ["session"]
+
+
+@admin.register(IntrospectionRun)
+class IntrospectionRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["id", "session", "trigger", "status", "event_count", "tokens_in", "tokens_out", "duration_ms", "created_at"]
+    list_filter = ["status", "trigger"]
+    search_fields = ["summary", "error"]
     list_select_related = ["session"]

@@ -43,9 +43,21 @@ class Session(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     last_activity_at = models.DateTimeField(default=timezone.now)
+    # True while the session has events introspection has not seen yet; the idle
+    # scan reads only these rows (partial index), whatever the number of sessions.
+    introspection_pending = models.BooleanField(default=False)
+    # Completed turns since the last introspection (the turn_interval trigger).
+    turns_since_introspection = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["id"]
+        indexes = [
+            models.Index(
+                fields=["last_activity_at"],
+                condition=Q(introspection_pending=True),
+                name="session_introspection_due",
+            )
+        ]
 
     def __str__(self):
         return self.title or f"Session {self.pk}"
@@ -163,3 +175,56 @@ class Summary(models.Model):
 
     def __str__(self):
         return f"Summary {self.pk} of session {self.session_id}"
+
+
+class IntrospectionRun(models.Model):
+    """One introspection of a session: what triggered it, which events it read,
+    what it did and how it ended. An audit row: written by the service only."""
+
+    class Trigger(models.TextChoices):
+        CHECKPOINT = "checkpoint"
+        NEW = "new"
+        TURNS = "turns"
+        IDLE = "idle"
+        MANUAL = "manual"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+        SKIPPED = "skipped"  # nothing new since the cursor
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="introspection_runs")
+    trigger = models.CharField(max_length=12, choices=Trigger.choices)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    start_event = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    end_event = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The events read: after the previous cursor up to and including this one.
+    first_event_id = models.BigIntegerField(null=True, blank=True)
+    last_event_id = models.BigIntegerField(null=True, blank=True)
+    event_count = models.PositiveIntegerField(default=0)
+    # [{"name", "arguments", "result"}] in call order.
+    tool_calls = models.JSONField(default=list, blank=True)
+    memories_touched = models.JSONField(default=list, blank=True)
+    summary = models.TextField(blank=True)
+    template_source = models.CharField(max_length=10, blank=True)
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # At most one run per session at a time, enforced by the database.
+            models.UniqueConstraint(
+                fields=["session"], condition=Q(status="running"), name="introspection_one_running_per_session"
+            )
+        ]
+
+    def __str__(self):
+        return f"Introspection {self.pk} of session {self.session_id} ({self.status})"

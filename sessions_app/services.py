@@ -47,6 +47,29 @@ def session_create(*, kin: Kin, title: str = "") -> Session:
     return Session.objects.create(kin=kin, title=title)
 
 
+def session_continue(*, session: Session, title: str = "", command: Event | None = None) -> Session:
+    """The `/new` command: a new session for the same kin, opened by a system event that
+    names the session it continues and its participants (people who posted there)."""
+    new_session = session_create(kin=session.kin, title=title)
+    participants = [
+        {"name": sender, "platform": platform}
+        for sender, platform in Event.objects.filter(session=session, kind=Event.Kind.MESSAGE, role=Event.Role.USER)
+        .exclude(sender="")
+        .values_list("sender", "platform")
+        .distinct()
+        .order_by("sender", "platform")
+    ]
+    names = ", ".join(sorted({person["name"] for person in participants})) or "nobody yet"
+    text = f"Continues session {session.pk} of {session.kin.name} (participants: {names})."
+    Event.objects.create(
+        session=new_session, kind=Event.Kind.COMMAND, role=Event.Role.SYSTEM, content=text,
+        token_count=count_tokens(text),
+        data={"command": "new", "previous_session_id": session.pk, "participants": participants,
+              "command_event_id": command.pk if command is not None else None},
+    )
+    return new_session
+
+
 @dataclass(frozen=True)
 class ImportItem:
     content: str
@@ -98,4 +121,7 @@ def messages_import(*, session: Session, items: list[ImportItem]) -> ImportResul
         newest = max(row.created_at for row in rows)
         if newest > session.last_activity_at:
             Session.objects.filter(pk=session.pk).update(last_activity_at=newest)
+        # New events for introspection to read; an import of old messages does not make the
+        # session look active, but its messages are still introspected (after the idle timeout).
+        Session.objects.filter(pk=session.pk).update(introspection_pending=True)
     return ImportResult(created=len(rows), skipped=len(items) - len(rows))

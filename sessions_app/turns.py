@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from kinsite.errors import UpstreamError
@@ -24,8 +25,9 @@ from memories.services import Actor
 from memories.tools import MemoryTool, ToolContext
 from sessions_app.compaction import compaction_needed
 from sessions_app.context import prompt_assemble
+from sessions_app.introspection import IntrospectionDisabled, introspection_after_turn, introspection_request
 from sessions_app.locks import SessionLock, session_lock
-from sessions_app.models import Event, Session, Turn
+from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.tools import kin_toolset
 
 logger = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
         with transaction.atomic():
             turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=False)
         _turn_execute(turn=turn, lock=lock, raise_errors=True)
-    _schedule_background_work(session=session)
+    _schedule_background_work(session=session, turn=turn)
     return turn
 
 
@@ -98,7 +100,7 @@ def turn_run(*, turn_id: int) -> Turn | None:
             return Turn.objects.get(pk=turn_id)
         turn.refresh_from_db()
         _turn_execute(turn=turn, lock=lock, raise_errors=False)
-    _schedule_background_work(session=turn.session)
+    _schedule_background_work(session=turn.session, turn=turn)
     return turn
 
 
@@ -120,7 +122,8 @@ def _turn_open(*, session: Session, content: str, sender: str, platform: str, is
         data={"command": command.name, "argument": command.argument} if command else {},
         created_at=now,
     )
-    Session.objects.filter(pk=session.pk).update(last_activity_at=now)
+    # New events: introspection has something to read (the idle scan's flag).
+    Session.objects.filter(pk=session.pk).update(last_activity_at=now, introspection_pending=True)
     return Turn.objects.create(
         session=session,
         user_message=message,
@@ -163,26 +166,31 @@ def _turn_fail(*, turn: Turn, error: str) -> None:
 
 
 def _command_answer(*, turn: Turn, session: Session, message: Event) -> None:
-    """Introspection does not exist yet: a command is recorded (the command event) and
-    answered with a short system reply saying what was recorded."""
+    """A command is recorded (the command event), handed to introspection, and answered
+    with a short system reply. /checkpoint introspects the session; /new introspects it
+    and starts a new session for the same kin and participants."""
     command = command_parse(message.content)
     with transaction.atomic():
         data = {"command": command.name, "reply_to": message.pk}
+        # The run starts after this transaction commits (its task is enqueued on commit).
+        run = _introspection_request(session=session, trigger=command.name)
+        data["introspection_run_id"] = run.pk if run is not None else None
+        queued = (
+            f"Introspection run {run.pk} will distil it into memories, working memory and a description."
+            if run is not None else "Introspection is disabled for this kin, so nothing is distilled."
+        )
         if command.name == "new":
-            from sessions_app.services import session_create
+            from sessions_app.services import session_continue
 
-            new_session = session_create(kin=session.kin, title=command.argument[:200])
+            new_session = session_continue(session=session, title=command.argument[:200], command=message)
             data["new_session_id"] = new_session.pk
             Event.objects.filter(pk=message.pk).update(data={**message.data, "new_session_id": new_session.pk})
             text = (
                 f"Started a new session (id {new_session.pk}) with {session.kin.name}. "
-                "This session stays as it is; post to the new one to continue there."
+                f"This session stays as it is; post to the new one to continue there. {queued}"
             )
         else:
-            text = (
-                f"Checkpoint recorded (event {message.pk}). Introspection will distil this session "
-                "from here once it is enabled; nothing else changed."
-            )
+            text = f"Checkpoint recorded (event {message.pk}). {queued}"
         reply = Event.objects.create(
             session=session, kind=Event.Kind.COMMAND, role=Event.Role.SYSTEM, content=text,
             platform=message.platform, token_count=count_tokens(text), data=data,
@@ -192,6 +200,13 @@ def _command_answer(*, turn: Turn, session: Session, message: Event) -> None:
         turn.started_at = turn.started_at or timezone.now()
         turn.finished_at = timezone.now()
         turn.save(update_fields=["reply", "status", "started_at", "finished_at"])
+
+
+def _introspection_request(*, session: Session, trigger: str) -> IntrospectionRun | None:
+    try:
+        return introspection_request(session=session, trigger=trigger)
+    except IntrospectionDisabled:
+        return None
 
 
 def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock) -> None:
@@ -257,7 +272,11 @@ def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock
         turn.save(update_fields=[
             "reply", "status", "finished_at", "error", "tool_calls", "prompt_tokens", "tokens_in", "tokens_out",
         ])
-        Session.objects.filter(pk=session.pk).update(last_activity_at=now)
+        # A completed turn: counted towards introspection's turn_interval trigger.
+        Session.objects.filter(pk=session.pk).update(
+            last_activity_at=now, introspection_pending=True,
+            turns_since_introspection=F("turns_since_introspection") + 1,
+        )
 
 
 def _tool_run(tools: dict[str, MemoryTool], call: ToolCall, context: ToolContext) -> str:
@@ -300,10 +319,13 @@ def _tool_round_store(*, session: Session, turn: Turn, content: str | None, call
         )
 
 
-def _schedule_background_work(*, session: Session) -> None:
+def _schedule_background_work(*, session: Session, turn: Turn) -> None:
     """After the turn and outside the session lock (an eager task must not run under it):
-    compaction when the un-summarised history has outgrown its share of the budget."""
+    compaction when the un-summarised history has outgrown its share of the budget, and
+    introspection every `turn_interval` completed turns (commands are not turns)."""
     from sessions_app.tasks import compact_session_task  # tasks import this module's callers
 
     if compaction_needed(session=session):
         transaction.on_commit(lambda: compact_session_task.delay(session.pk))
+    if turn.status == Turn.Status.DONE and turn.user_message.kind == Event.Kind.MESSAGE:
+        introspection_after_turn(session=session)  # the turn was counted when its reply was stored

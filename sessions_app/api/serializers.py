@@ -2,7 +2,7 @@
 from django.conf import settings
 from rest_framework import serializers
 
-from sessions_app.models import Event, Kin, Session, Turn
+from sessions_app.models import Event, IntrospectionRun, Kin, Session, Turn
 
 
 class KinSerializer(serializers.ModelSerializer):
@@ -242,3 +242,40 @@ class PromptPreviewSerializer(serializers.Serializer):
     history = PromptHistoryItemSerializer(many=True)
     tools = serializers.ListField(child=serializers.CharField())
     totals = PromptTotalsSerializer()
+
+
+# --- introspection ----------------------------------------------------------------------------
+
+
+class IntrospectionRunSerializer(serializers.ModelSerializer):
+    # Plain strings in the schema: as enums, "status" would collide with other status enums.
+    status = serializers.CharField(read_only=True, help_text="pending, running, done, failed or skipped.")
+    trigger = serializers.CharField(read_only=True, help_text="checkpoint, new, turns, idle or manual.")
+    tool_calls = serializers.JSONField(read_only=True, help_text="[{name, arguments, result, applied?}] in call order.")
+    memories_touched = serializers.JSONField(read_only=True, help_text="[{id, action}] of the memories it changed.")
+
+    class Meta:
+        model = IntrospectionRun
+        fields = [
+            "id",
+            "session",
+            "trigger",
+            "status",
+            "start_event",
+            "end_event",
+            "first_event_id",
+            "last_event_id",
+            "event_count",
+            "tool_calls",
+            "memories_touched",
+            "summary",
+            "template_source",
+            "tokens_in",
+            "tokens_out",
+            "duration_ms",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields

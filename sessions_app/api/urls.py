@@ -22,6 +22,12 @@ urlpatterns = [
         name="session-history-search",
     ),
     path("sessions/<int:session_id>/prompt/", views.SessionPromptPreviewView.as_view(), name="session-prompt"),
+    path("sessions/<int:session_id>/checkpoint/", views.SessionCheckpointView.as_view(), name="session-checkpoint"),
+    path(
+        "sessions/<int:session_id>/introspections/",
+        views.SessionIntrospectionListView.as_view(),
+        name="session-introspections",
+    ),
     path("turns/<int:turn_id>/", views.TurnDetailView.as_view(), name="turn-detail"),
     *router.urls,
 ]

@@ -7,12 +7,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kinsite.api.auth import request_team
-from kinsite.api.pagination import ChronologicalCursorPagination
-from sessions_app import selectors, services, turns
+from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
+from sessions_app import introspection, selectors, services, turns
 from sessions_app.context import PENDING_MESSAGE_ID, prompt_assemble
-from sessions_app.models import Event, Kin, Session, Turn
+from sessions_app.models import Event, IntrospectionRun, Kin, Session, Turn
 from sessions_app.tools import kin_toolset
 from sessions_app.api.serializers import (
+    IntrospectionRunSerializer,
     MessagePostSerializer,
     PromptPreviewQuerySerializer,
     PromptPreviewSerializer,
@@ -103,7 +104,9 @@ class SessionMessageListView(ListAPIView):
             return Response({"turn": data}, status=status.HTTP_202_ACCEPTED)
         body = {"message": data["message"], "reply": data["reply"], "turn": data}
         if data["new_session_id"] is not None:
+            # /new answers with the session to continue in.
             body["new_session_id"] = data["new_session_id"]
+            body["new_session"] = SessionSerializer(Session.objects.get(pk=data["new_session_id"])).data
         return Response(body, status=status.HTTP_201_CREATED)
 
 
@@ -206,3 +209,39 @@ class KinHistorySearchView(_HistorySearchView):
     def get(self, request, kin_id):
         kin = selectors.kin_get(team=request_team(request), kin_id=kin_id)
         return self.search(request, kin=kin)
+
+
+class SessionCheckpointView(APIView):
+    """POST: introspect the session now (SPEC §7). Answers 202 with the queued run (an
+    already queued run is reused); poll GET /sessions/{id}/introspections/ for its outcome."""
+
+    @extend_schema(
+        request=None,
+        responses={
+            202: OpenApiResponse(IntrospectionRunSerializer, description="{run}"),
+            409: OpenApiResponse(description="Introspection is disabled for the session's kin."),
+        },
+    )
+    def post(self, request, session_id):
+        session = selectors.session_get(team=request_team(request), session_id=session_id)
+        run = introspection.introspection_request(session=session, trigger=IntrospectionRun.Trigger.CHECKPOINT)
+        run.refresh_from_db()  # eager Celery (the embedded default) has run it already
+        return Response({"run": IntrospectionRunSerializer(run).data}, status=status.HTTP_202_ACCEPTED)
+
+
+class NewestFirstCursorPagination(DefaultCursorPagination):
+    ordering = ("-id",)
+
+
+class SessionIntrospectionListView(ListAPIView):
+    """The session's introspection runs, newest first: trigger, event range, tool calls,
+    memories touched, summary, tokens, duration, status and error."""
+
+    serializer_class = IntrospectionRunSerializer
+    pagination_class = NewestFirstCursorPagination
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return IntrospectionRun.objects.none()
+        session = selectors.session_get(team=request_team(self.request), session_id=self.kwargs["session_id"])
+        return IntrospectionRun.objects.filter(session=session)

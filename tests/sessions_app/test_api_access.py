@@ -76,6 +76,8 @@ ENDPOINTS = [
     Endpoint("GET", "sessions/{id}/history/search/", "session", query=f"q={SECRET}"),
     Endpoint("POST", "sessions/{id}/messages/", "session", body={"content": "hello", "sender": "Maria"}),
     Endpoint("GET", "sessions/{id}/prompt/", "session", query=f"message={SECRET}"),
+    Endpoint("POST", "sessions/{id}/checkpoint/", "session"),
+    Endpoint("GET", "sessions/{id}/introspections/", "session"),
     Endpoint("GET", "turns/{id}/", "turn"),
     Endpoint("GET", "kins/{id}/memories/", "kin"),
     Endpoint("POST", "kins/{id}/memories/", "kin", body={"content": "A new memory.", "category": "fact"}),
