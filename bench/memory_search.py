@@ -9,80 +9,12 @@ import argparse
 import random
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ThrowawayDatabase, database_version, latency_summary, write_results  # noqa: E402
-
-# A synthetic but word-rich corpus: people, topics and details combine into
-# sentences, with a Zipf-like skew so some words are common and most are rare.
-PEOPLE = ["Maria", "Tom", "Aisha", "Kenji", "Lena", "Omar", "Priya", "Lucas", "Sofia", "Ivan",
-          "Chen", "Fatima", "Jonas", "Amara", "Diego", "Hana", "Noah", "Zara", "Mateo", "Yuki"]
-TOPICS = """invoice report deployment database migration dashboard budget hiring roadmap contract
-customer export pipeline backup release onboarding pricing newsletter survey audit incident
-forecast warehouse inventory shipping payroll training workshop interview launch campaign
-vendor license server cluster queue cache schema index query latency outage rollback feature
-design review meeting retro sprint ticket bug patch security password token permission""".split()
-DETAILS = """monday tuesday wednesday thursday friday weekly monthly quarterly yearly urgent
-postgres redis celery django python csv json excel slack email telegram discord whatsapp
-berlin london tokyo lagos lima toronto sydney mumbai paris cairo short long formal casual
-green blue red coffee tea vegan spicy morning evening remote office hybrid metric imperial""".split()
-TEMPLATES = [
-    "{p} prefers {d} updates about the {t}",
-    "The {t} for {p} is due every {d}",
-    "{p} decided to move the {t} to {d}",
-    "{p} owns the {t} and reviews it on {d}",
-    "Remember that the {t} uses {d} and {d2}",
-    "{p} asked to keep {t} answers {d}",
-    "Team agreed the {t} {t2} happens {d}",
-    "{p} knows the {t} runbook for {d2} {d}",
-]
-CATEGORIES = ["fact", "preference", "decision", "knowledge"]
-
-
-def zipf_choice(rng: random.Random, words: list[str]) -> str:
-    # Rank r is drawn with weight 1/r: a handful of words dominate, as in real notes.
-    return rng.choices(words, weights=[1 / (rank + 1) for rank in range(len(words))])[0]
-
-
-def sentence(rng: random.Random) -> str:
-    return rng.choice(TEMPLATES).format(
-        p=rng.choice(PEOPLE), t=zipf_choice(rng, TOPICS), t2=zipf_choice(rng, TOPICS),
-        d=zipf_choice(rng, DETAILS), d2=zipf_choice(rng, DETAILS),
-    )
-
-
-def populate(*, kins: int, per_kin: int, seed: int):
-    from django.utils import timezone
-
-    from kinsite.services import team_create
-    from memories.models import Memory
-    from sessions_app.services import kin_create
-
-    rng = random.Random(seed)
-    team = team_create(name="Bench team", slug="bench")
-    kin_rows = [kin_create(team=team, name=f"Kin {n}") for n in range(kins)]
-    now = timezone.now()
-    started = time.monotonic()
-    for kin in kin_rows:
-        # Rows are inserted directly: the benchmark measures search, and the
-        # services' duplicate check would make loading 100,000 rows take minutes.
-        rows = [
-            Memory(
-                team=team, kin=kin, category=rng.choice(CATEGORIES), content=sentence(rng),
-                subject=rng.choice(PEOPLE), importance=rng.randint(1, 10), source="api",
-            )
-            for _ in range(per_kin)
-        ]
-        Memory.objects.bulk_create(rows, batch_size=2000)
-    # Spread updated_at over a year so recency decay has work to do.
-    ids = list(Memory.objects.values_list("id", flat=True))
-    for start in range(0, len(ids), 5000):
-        chunk = ids[start:start + 5000]
-        Memory.objects.filter(id__in=chunk).update(updated_at=now - timedelta(days=rng.randint(0, 365)))
-    return team, kin_rows, time.monotonic() - started
+from bench.synthetic import memories_populate, sentence  # noqa: E402
 
 
 def run(*, kins: int, per_kin: int, queries: int, seed: int) -> dict:
@@ -91,7 +23,7 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int) -> dict:
 
     from memories.selectors import memory_search
 
-    team, kin_rows, load_seconds = populate(kins=kins, per_kin=per_kin, seed=seed)
+    team, kin_rows, load_seconds = memories_populate(kins=kins, per_kin=per_kin, seed=seed)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")  # fresh planner statistics after the bulk load
     rng = random.Random(seed + 1)
