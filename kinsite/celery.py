@@ -1,5 +1,5 @@
 """The Celery app. The beat schedule lives here, in one place (beat runs once per
-deployment); later issues add their entries (nightly consolidation)."""
+deployment)."""
 import os
 
 from celery import Celery
@@ -17,5 +17,12 @@ app.conf.beat_schedule = {
     "introspect-idle-sessions": {
         "task": "sessions_app.tasks.scan_idle_sessions_task",
         "schedule": crontab(),
+    },
+    # Every 15 minutes: the nightly consolidation. Teams live in different time zones, so
+    # the task decides per team whether its CONSOLIDATION_HOUR:MINUTE (default 02:00) has
+    # come, and consolidates each kin with pending facts once per night.
+    "consolidate-nightly": {
+        "task": "consolidation.tasks.consolidate_nightly_task",
+        "schedule": crontab(minute="*/15"),
     },
 }

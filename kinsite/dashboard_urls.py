@@ -3,6 +3,7 @@ pages under the "dashboard" namespace. A new page adds one path to `pages`."""
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from consolidation import views as consolidation_views
 from kinsite import views
 from memories import views as memory_views
 from sessions_app import views as session_views
@@ -16,9 +17,19 @@ pages = [
     path("kins/<int:kin_id>/memories/<int:memory_id>/", memory_views.memory_detail, name="memory_detail"),
     path("kins/<int:kin_id>/memories/<int:memory_id>/edit/", memory_views.memory_edit, name="memory_edit"),
     path("kins/<int:kin_id>/memories/<int:memory_id>/delete/", memory_views.memory_delete, name="memory_delete"),
+    path("kins/<int:kin_id>/experience/", consolidation_views.experience, name="experience"),
+    path(
+        "kins/<int:kin_id>/experience/consolidate/",
+        consolidation_views.experience_consolidate,
+        name="experience_consolidate",
+    ),
+    path("kins/<int:kin_id>/facts/", consolidation_views.fact_list, name="fact_list"),
     path("sessions/<int:session_id>/", session_views.session_detail, name="session_detail"),
     path("sessions/<int:session_id>/post/", session_views.session_post, name="session_post"),
     path("sessions/<int:session_id>/preview/", session_views.session_prompt_preview, name="session_prompt_preview"),
+    path("sessions/<int:session_id>/introspection/", session_views.session_introspection,
+         name="session_introspection"),
+    path("sessions/<int:session_id>/checkpoint/", session_views.session_checkpoint, name="session_checkpoint"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
 ]

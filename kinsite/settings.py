@@ -175,6 +175,17 @@ INTROSPECTION = {
     "max_tool_calls": env_int("INTROSPECTION_MAX_TOOL_CALLS", 10),
     "model": env_str("INTROSPECTION_MODEL", "") or None,
 }
+# Consolidation (SPEC §8): the nightly run's local time in each team's time zone (the
+# spec's CONSOLIDATION_CRON, 02:00; the beat ticks every 15 minutes and the service decides
+# per team), the experience document's word limit, how many pending facts one run folds in
+# (the rest wait for the next run) and how many earlier facts it shows for reference, and
+# how long `consolidate --llm "COMMAND"` waits for its command.
+CONSOLIDATION_HOUR = env_int("CONSOLIDATION_HOUR", 2)
+CONSOLIDATION_MINUTE = env_int("CONSOLIDATION_MINUTE", 0)
+CONSOLIDATION_MAX_WORDS = env_int("CONSOLIDATION_MAX_WORDS", 1_200)
+CONSOLIDATION_MAX_PENDING_FACTS = env_int("CONSOLIDATION_MAX_PENDING_FACTS", 500)
+CONSOLIDATION_MAX_ACTIVE_FACTS = env_int("CONSOLIDATION_MAX_ACTIVE_FACTS", 300)
+CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS = env_int("CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS", 300)
 IMPORT_MAX_MESSAGES = env_int("IMPORT_MAX_MESSAGES", 1_000)
 SEARCH_MAX_QUERY_CHARS = env_int("SEARCH_MAX_QUERY_CHARS", 5_000)
 SEARCH_DEFAULT_LIMIT = env_int("SEARCH_DEFAULT_LIMIT", 10)

@@ -1,6 +1,8 @@
 """Admin for kins, sessions and the event store (events are read-only: history is never rewritten)."""
 from django.contrib import admin, messages
 
+from consolidation.models import ConsolidationRun
+from consolidation.services import ConsolidationBusy, consolidation_run
 from kinsite.admin_mixins import ReadOnlyAdminMixin
 from sessions_app.introspection import IntrospectionDisabled, introspection_request
 from sessions_app.models import Event, IntrospectionRun, Kin, Session, Summary, Turn
@@ -12,6 +14,24 @@ class KinAdmin(admin.ModelAdmin):
     list_filter = ["team"]
     search_fields = ["name", "role"]
     raw_id_fields = ["parent"]
+    actions = ["consolidate_now"]
+
+    @admin.action(description="Consolidate now")
+    def consolidate_now(self, request, queryset):
+        # Synchronous, like the API: each kin's run finishes before the page comes back.
+        for kin in queryset.select_related("team"):
+            try:
+                run = consolidation_run(kin=kin, trigger=ConsolidationRun.Trigger.ADMIN)
+            except ConsolidationBusy:
+                self.message_user(request, f"{kin.name}: another consolidation is running.", messages.WARNING)
+                continue
+            level = messages.SUCCESS if run.status == ConsolidationRun.Status.APPLIED else messages.WARNING
+            outcome = f"run {run.pk} {run.status}"
+            if run.experience_version_id:
+                outcome += f", experience version {run.experience_version.version}"
+            if run.error:
+                outcome += f": {run.error}"
+            self.message_user(request, f"{kin.name}: {outcome}.", level)
 
 
 @admin.register(Session)

@@ -15,6 +15,7 @@ from django.db import connection
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
+from consolidation.selectors import experience_markdown_subquery, experience_nested
 from kinsite.llm.types import Message, ToolCall
 from kinsite.tokencount import count_tokens
 from memories.selectors import memory_search
@@ -175,7 +176,13 @@ def prompt_inputs_for(
     sent (the preview), counted as if stored. Reads the database a fixed number of times,
     whatever the length of the history or the number of memories."""
     now = now or timezone.now()
-    session = Session.objects.select_related("kin", "kin__team", "kin__parent").get(pk=session.pk)
+    # The kin's current experience document comes with the session row (a subquery), not
+    # as a query of its own: a turn's query count is fixed and small (SPEC §14).
+    session = (
+        Session.objects.select_related("kin", "kin__team", "kin__parent")
+        .annotate(experience_markdown=experience_markdown_subquery("kin_id"))
+        .get(pk=session.pk)
+    )
     kin = session.kin
     budget = kin.effective_history_budget
     summary = (
@@ -231,8 +238,8 @@ def prompt_inputs_for(
             name=kin.name, role=kin.role, character=kin.character, expertise=kin.expertise,
             parent_name=kin.parent.name if kin.parent is not None else None, spawn_reason=kin.spawn_reason,
         ),
-        # The experience document (consolidation) and the canvas (workflows) come with their features.
-        experience_markdown="",
+        experience_markdown=experience_nested(session.experience_markdown or ""),
+        # The canvas (workflows) comes with its feature.
         memories=memories,
         canvas="",
         participants=[

@@ -28,6 +28,7 @@ from django.db.models import Exists, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from consolidation.services import fact_record
 from kinsite.errors import Conflict
 from kinsite.llm.gateway import llm_chat
 from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
@@ -505,6 +506,7 @@ def _apply(*, run: IntrospectionRun, session: Session, state: IntrospectionState
                 answer = json.loads(output)
                 memory_id = answer["memory"]["id"] if "memory" in answer else answer["id"]
                 touched.append({"id": memory_id, "action": answer["status"]})
+        _record_facts(kin=kin, run=run, touched=touched)
         fields = {}
         if state.working_memory is not None and state.working_memory != session.working_memory:
             fields["working_memory"] = state.working_memory
@@ -533,6 +535,17 @@ def _apply(*, run: IntrospectionRun, session: Session, state: IntrospectionState
         run.duration_ms = _elapsed_ms(started)
         run.save(update_fields=["end_event", "memories_touched", "summary", "status", "finished_at", "duration_ms",
                                 "tool_calls", "tokens_in", "tokens_out", "template_source"])
+
+
+def _record_facts(*, kin: Kin, run: IntrospectionRun, touched: list[dict[str, Any]]) -> None:
+    """Every memory the run added or changed also lands in the fact ledger as a pending
+    fact (SPEC §7, §8), in the run's final transaction: the memory's text as it now stands."""
+    changed = [item["id"] for item in touched if item["action"] in ("created", "merged_with_existing", "updated")]
+    memories = Memory.objects.in_bulk(changed)
+    for memory_id in changed:
+        memory = memories[memory_id]
+        fact_record(kin=kin, statement=memory.content, category=memory.category,
+                    source="introspection", source_ref=f"introspection_run:{run.pk}", memory=memory)
 
 
 def _summary(touched: list[dict[str, Any]], fields: dict[str, str], note: str) -> str:

@@ -1,11 +1,12 @@
 """Reads for kins, sessions and the event store, all scoped to a team."""
 from django.db import connection
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Max, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 
 from kinsite.models import Team
 from kinsite.textsearch import fts5_match_expression, query_terms, tsquery_expression
-from sessions_app.models import Event, Kin, Session
+from sessions_app.models import Event, IntrospectionRun, Kin, Session
 
 
 def kin_list(*, team: Team):
@@ -240,3 +241,19 @@ def session_list_with_counts(*, team: Team, kin: Kin):
         .annotate(message_count=Count("events", filter=Q(events__kind=Event.Kind.MESSAGE)))
         .order_by("-last_activity_at", "-id")
     )
+
+
+def session_get_with_event_count(*, team: Team, session_id: int, kinds) -> Session:
+    """session_get, with `event_count`: how many of its events are of `kinds`, counted in
+    the same query (the chat page pages its conversation with it)."""
+    counted = (
+        Event.objects.filter(session=OuterRef("pk"), kind__in=kinds)
+        .order_by().values("session").annotate(n=Count("id")).values("n")
+    )
+    sessions = Session.objects.select_related("kin").annotate(event_count=Coalesce(Subquery(counted), 0))
+    return get_object_or_404(sessions, kin__team=team, pk=session_id)
+
+
+def introspection_run_list(*, session: Session):
+    """A session's introspection runs, newest first (slice it: one query)."""
+    return IntrospectionRun.objects.filter(session=session).order_by("-created_at", "-id")

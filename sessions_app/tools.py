@@ -1,4 +1,5 @@
-"""The kin's tools in a chat turn (SPEC §4): the memory tools plus `search_history`.
+"""The kin's tools in a chat turn (SPEC §4): the memory tools, `search_history` and
+`record_learning` (a pending fact for the nightly consolidation, SPEC §8).
 
 Every handler takes a memories.tools.ToolContext and the raw arguments string, and
 returns text for the model ("Error: ..." for unusable arguments, never an exception)."""
@@ -9,6 +10,8 @@ from typing import Any
 
 from django.conf import settings
 
+from consolidation.models import Fact
+from consolidation.services import STATEMENT_MAX_CHARS, fact_record
 from memories.tools import MemoryTool, ToolContext, memory_toolset
 from sessions_app.selectors import history_search
 
@@ -82,9 +85,63 @@ def search_history_handler(context: ToolContext, raw_arguments: str) -> str:
     return json.dumps({"results": results}, ensure_ascii=False)
 
 
+RECORD_LEARNING_SCHEMA: dict[str, Any] = {
+    "name": "record_learning",
+    "description": "Record a lesson worth keeping for all your future work: a user directive, a safeguard, "
+                   "a project constraint, a pitfall, or a mistake and its fix. It is folded into your "
+                   "experience document at the next consolidation. One self-contained statement.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "statement": {"type": "string", "minLength": 1, "maxLength": STATEMENT_MAX_CHARS,
+                          "description": "The learning, e.g. \"Always dedupe the churn report by customer id.\""},
+            "category": {"type": "string", "enum": list(Fact.Category.values),
+                         "description": "fact, preference, decision or knowledge (default fact)."},
+        },
+        "required": ["statement"],
+        "additionalProperties": False,
+    },
+}
+
+
+def _record_learning_arguments(raw: str) -> tuple[str, str]:
+    try:
+        args = json.loads(raw) if raw and raw.strip() else {}
+    except ValueError:
+        raise ValueError("the arguments are not valid JSON.")
+    if not isinstance(args, dict):
+        raise ValueError("the arguments must be a JSON object.")
+    extra = sorted(set(args) - {"statement", "category"})
+    if extra:
+        raise ValueError(f"unknown argument(s): {', '.join(extra)}; allowed: statement, category.")
+    statement = args.get("statement")
+    if not isinstance(statement, str) or not statement.strip():
+        raise ValueError("statement must be a non-empty string.")
+    statement = statement.strip()
+    if "\x00" in statement:
+        raise ValueError("statement must not contain NUL characters.")
+    if len(statement) > STATEMENT_MAX_CHARS:
+        raise ValueError(f"statement is longer than {STATEMENT_MAX_CHARS} characters.")
+    category = args.get("category") or Fact.Category.FACT
+    if category not in Fact.Category.values:
+        raise ValueError(f"category must be one of: {', '.join(Fact.Category.values)}.")
+    return statement, category
+
+
+def record_learning_handler(context: ToolContext, raw_arguments: str) -> str:
+    try:
+        statement, category = _record_learning_arguments(raw_arguments)
+    except ValueError as exc:
+        return f"Error: {exc}"
+    fact = fact_record(kin=context.kin, statement=statement, category=category,
+                       source=Fact.Source.TOOL, source_ref=context.source_ref)
+    return json.dumps({"status": "recorded", "fact": {"id": fact.pk, "category": fact.category,
+                                                      "statement": fact.statement}}, ensure_ascii=False)
+
+
 def kin_toolset() -> dict[str, MemoryTool]:
-    """The tools a kin may call in a chat turn, by name. record_learning joins with the
-    fact ledger, workflow_lineage with workflows."""
+    """The tools a kin may call in a chat turn, by name. workflow_lineage joins with workflows."""
     tools = dict(memory_toolset("kin"))
     tools["search_history"] = MemoryTool(schema=SEARCH_HISTORY_SCHEMA, handler=search_history_handler)
+    tools["record_learning"] = MemoryTool(schema=RECORD_LEARNING_SCHEMA, handler=record_learning_handler)
     return tools

@@ -1,7 +1,9 @@
 """Dashboard pages for a session: the chat (post with or without htmx; the reply is
-swapped in, with the tool calls that led to it folded underneath) and the prompt
-preview beside it. Posting calls sessions_app.turns.turn_post and the preview calls
-sessions_app.context.prompt_assemble, the same services the API calls."""
+swapped in, with the tool calls that led to it folded underneath), the prompt
+preview beside it, and the introspection panel below (working memory, description,
+the recent runs and a "Checkpoint now" button). Posting calls sessions_app.turns.turn_post,
+the preview sessions_app.context.prompt_assemble and the checkpoint
+sessions_app.introspection.introspection_request, the same services the API calls."""
 from __future__ import annotations
 
 import json
@@ -18,8 +20,9 @@ from django.views.decorators.http import require_POST, require_safe
 from kinsite.views import _wants_partial, team_required
 from sessions_app import selectors, turns
 from sessions_app.context import prompt_assemble
+from sessions_app.introspection import IntrospectionDisabled, introspection_request, introspection_settings
 from sessions_app.locks import SessionBusy
-from sessions_app.models import Event, Session, Turn
+from sessions_app.models import Event, IntrospectionRun, Session, Turn
 
 # The newest page comes first: a chat opens on its latest messages.
 MESSAGES_PER_PAGE = 50
@@ -29,6 +32,11 @@ TOOL_KINDS = (Event.Kind.TOOL_CALL, Event.Kind.TOOL_RESULT)
 # Everything typed in the dashboard is the web platform.
 PLATFORM = Event.Platform.WEB
 SENDER_MAX_CHARS = 200  # Event.sender's length
+# The introspection panel lists the newest runs; "Show older runs" adds this many more, up to the maximum.
+RUNS_PER_PAGE = 10
+RUNS_MAX = 200
+# While a run is queued or running the panel refreshes itself (htmx) this often.
+RUNS_POLL_SECONDS = 2
 
 
 class ChatPostForm(forms.Form):
@@ -60,6 +68,8 @@ class ToolStep:
     name: str
     arguments: str
     result: str | None = None
+    # Introspection only: the outcome of a staged memory write when the run applied it.
+    applied: str | None = None
 
 
 @dataclass
@@ -148,9 +158,14 @@ def _entries_for(session: Session, events: list[Event]) -> list[ChatEntry]:
 
 
 def _session_page(request, chat_session: Session, *, form: ChatPostForm | None = None, error: str = "",
-                  status: int = 200):
+                  checkpoint_error: str = "", status: int = 200):
     events = Event.objects.filter(session=chat_session, kind__in=CONVERSATION_KINDS).order_by("-created_at", "-id")
-    page = Paginator(events, MESSAGES_PER_PAGE).get_page(request.GET.get("page"))
+    paginator = Paginator(events, MESSAGES_PER_PAGE)
+    if getattr(chat_session, "event_count", None) is not None:
+        # Counted with the session (session_get_with_event_count): that saved query pays for
+        # the introspection runs' one, keeping the page within its query budget.
+        paginator.count = chat_session.event_count
+    page = paginator.get_page(request.GET.get("page"))
     entries = _entries_for(chat_session, list(reversed(page.object_list)))
     if form is None:
         form = ChatPostForm(initial={"sender": request.user.get_username()})
@@ -161,8 +176,108 @@ def _session_page(request, chat_session: Session, *, form: ChatPostForm | None =
         "entries": entries,
         "form": form,
         "form_error": error,
+        **_introspection_context(chat_session, runs_shown=_runs_shown(request), checkpoint_error=checkpoint_error),
     }
     return render(request, "dashboard/session_detail.html", context, status=status)
+
+
+# --- the introspection panel -------------------------------------------------------------------
+
+# What each memories_touched action did, in the words of the run's end summary.
+MEMORY_ACTION_LABELS = {
+    "created": "added",
+    "merged_with_existing": "merged into existing",
+    "updated": "updated",
+    "deleted": "deleted",
+}
+
+
+@dataclass
+class RunRow:
+    """An introspection run as the panel shows it: its tool calls as steps and the
+    memories it touched with what it did to each."""
+
+    run: IntrospectionRun
+    tool_steps: list[ToolStep]
+    memories: list[dict]
+
+    @property
+    def duration(self) -> str:
+        ms = self.run.duration_ms
+        return f"{ms} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+    @property
+    def tokens(self) -> int:
+        return self.run.tokens_in + self.run.tokens_out
+
+
+def run_row(run: IntrospectionRun) -> RunRow:
+    steps = []
+    for call in run.tool_calls or []:
+        if not isinstance(call, dict):
+            continue
+        result, applied = call.get("result"), call.get("applied")
+        steps.append(ToolStep(
+            name=str(call.get("name", "")),
+            arguments=_pretty_arguments(call.get("arguments", "")),
+            result=None if result is None else str(result),
+            applied=None if applied is None else str(applied),
+        ))
+    memories = [
+        {"id": item["id"], "action": MEMORY_ACTION_LABELS.get(item.get("action"), str(item.get("action", "")))}
+        for item in run.memories_touched or []
+        if isinstance(item, dict) and isinstance(item.get("id"), int)
+    ]
+    return RunRow(run=run, tool_steps=steps, memories=memories)
+
+
+def _runs_shown(request) -> int:
+    try:
+        shown = int(request.GET.get("runs", RUNS_PER_PAGE))
+    except ValueError:
+        shown = RUNS_PER_PAGE  # an old or mistyped link: the default, not an error
+    return min(max(shown, RUNS_PER_PAGE), RUNS_MAX)
+
+
+def _introspection_context(chat_session: Session, *, runs_shown: int, checkpoint_error: str = "",
+                           checkpoint_run: IntrospectionRun | None = None) -> dict:
+    """The panel's context. The runs are one query: one row more than shown tells
+    whether there are older ones."""
+    runs = list(selectors.introspection_run_list(session=chat_session)[: runs_shown + 1])
+    more = len(runs) > runs_shown
+    runs = runs[:runs_shown]
+    active = (IntrospectionRun.Status.PENDING, IntrospectionRun.Status.RUNNING)
+    return {
+        "runs": [run_row(run) for run in runs],
+        "runs_shown": runs_shown,
+        "more_runs": runs_shown + RUNS_PER_PAGE if more else None,
+        "runs_poll_seconds": RUNS_POLL_SECONDS if any(run.status in active for run in runs) else None,
+        "introspection_enabled": introspection_settings(chat_session.kin).enabled,
+        "checkpoint_error": checkpoint_error,
+        "checkpoint_run": checkpoint_run,
+    }
+
+
+def _panel_partial(request, chat_session: Session, *, runs_shown: int, checkpoint_error: str = "",
+                   checkpoint_run: IntrospectionRun | None = None):
+    context = {
+        "chat_session": chat_session,
+        "kin": chat_session.kin,
+        # The partial also refreshes the description under the page title, out of band.
+        "oob": True,
+        **_introspection_context(chat_session, runs_shown=runs_shown, checkpoint_error=checkpoint_error,
+                                 checkpoint_run=checkpoint_run),
+    }
+    response = render(request, "dashboard/_introspection_panel.html", context)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+def _panel_url(chat_session: Session, runs_shown: int = RUNS_PER_PAGE) -> str:
+    url = reverse("dashboard:session_detail", args=[chat_session.pk])
+    if runs_shown != RUNS_PER_PAGE:
+        url += f"?runs={runs_shown}"
+    return url + "#introspection"
 
 
 # --- views -------------------------------------------------------------------------------------
@@ -171,8 +286,53 @@ def _session_page(request, chat_session: Session, *, form: ChatPostForm | None =
 @require_safe
 @team_required
 def session_detail(request, session_id: int):
-    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    chat_session = selectors.session_get_with_event_count(team=request.team, session_id=session_id,
+                                                          kinds=CONVERSATION_KINDS)
     return _session_page(request, chat_session)
+
+
+@require_safe
+@team_required
+def session_introspection(request, session_id: int):
+    """The introspection panel alone, for htmx ("Show older runs", and polling while a
+    run is queued or running). Without htmx: the session page, at the panel."""
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    runs_shown = _runs_shown(request)
+    if not _wants_partial(request):
+        return redirect(_panel_url(chat_session, runs_shown))
+    return _panel_partial(request, chat_session, runs_shown=runs_shown)
+
+
+@require_POST
+@team_required
+def session_checkpoint(request, session_id: int):
+    """"Checkpoint now": request an introspection run (trigger checkpoint), as POST
+    /api/v1/sessions/{id}/checkpoint/ does. Without htmx: redirect back to the panel (or
+    the page with the error, 409, when introspection is off for the kin). With htmx: the
+    panel, with the requested run or the error (200: htmx swaps only successful responses)."""
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    partial = _wants_partial(request)
+    run, error = None, ""
+    try:
+        run = introspection_request(session=chat_session, trigger=IntrospectionRun.Trigger.CHECKPOINT)
+    except IntrospectionDisabled as exc:
+        error = exc.message
+    if not partial:
+        if error:
+            chat_session = selectors.session_get_with_event_count(team=request.team, session_id=session_id,
+                                                                  kinds=CONVERSATION_KINDS)
+            return _session_page(request, chat_session, checkpoint_error=error, status=409)
+        return redirect(_panel_url(chat_session))
+    if run is not None:
+        # With eager Celery (the embedded default) the run has finished already and may
+        # have changed the working memory and the description.
+        chat_session.refresh_from_db(fields=["description", "working_memory", "introspection_pending"])
+    response = _panel_partial(request, chat_session, runs_shown=RUNS_PER_PAGE, checkpoint_error=error,
+                              checkpoint_run=run)
+    if run is not None:
+        # The prompt preview shows the working memory and the description: it reloads.
+        response["HX-Trigger-After-Swap"] = "session-notes-changed"
+    return response
 
 
 @require_POST

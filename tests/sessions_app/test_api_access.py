@@ -12,6 +12,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from kinsite.services import api_token_issue, api_token_revoke
+from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Event, Kin, Session, Turn
 from tests.factories import KinFactory, MessageFactory, SessionFactory
@@ -86,6 +87,11 @@ ENDPOINTS = [
     Endpoint("PATCH", "memories/{id}/", "memory", body={"content": "Rewritten."}),
     Endpoint("DELETE", "memories/{id}/", "memory"),
     Endpoint("GET", "memories/{id}/history/", "memory"),
+    Endpoint("GET", "kins/{id}/facts/", "kin"),
+    Endpoint("POST", "kins/{id}/facts/", "kin", body={"statement": "A new fact.", "category": "fact"}),
+    Endpoint("POST", "kins/{id}/consolidate/", "kin", body={"prepare": True}),
+    Endpoint("GET", "kins/{id}/consolidations/", "kin"),
+    Endpoint("GET", "kins/{id}/experience/", "kin"),
 ]
 OWNER_MODELS = {"kin": Kin, "session": Session, "memory": Memory, "turn": Turn}
 OWNED_ENDPOINTS = [endpoint for endpoint in ENDPOINTS if endpoint.owner]
@@ -110,6 +116,9 @@ def foreign(other_team):
     message = MessageFactory(session=session, content=f"the foreign {SECRET} plan", external_id="foreign-1")
     turn = Turn.objects.create(session=session, user_message=message, status=Turn.Status.FAILED, error=SECRET)
     memory = _memory(other_team, kin, f"Foreign: the {SECRET} plan is secret.")
+    Fact.objects.create(kin=kin, statement=f"Foreign: the {SECRET} fact.", source=Fact.Source.API)
+    run = ConsolidationRun.objects.create(kin=kin, trigger="api", status="applied", summary_of_changes=SECRET)
+    ExperienceVersion.objects.create(kin=kin, version=1, markdown=f"# Master AI Experience\n- {SECRET}", run=run)
     return {"kin": kin, "session": session, "memory": memory, "turn": turn}
 
 
@@ -128,6 +137,9 @@ def _snapshot():
         list(Turn.objects.order_by("id").values_list("id", "status")),
         list(Memory.objects.order_by("id").values_list("id", "content", "status", "importance")),
         MemoryChange.objects.count(),
+        list(Fact.objects.order_by("id").values_list("id", "statement", "status", "is_consolidated")),
+        list(ConsolidationRun.objects.order_by("id").values_list("id", "status")),
+        ExperienceVersion.objects.count(),
     )
 
 

@@ -53,7 +53,7 @@ def test_plain_reply_is_stored_and_returned(api_client, chat_session, fake_llm):
     assert "## Current message" in system["content"] and "Sender: Maria" in system["content"]
     assert user == {"role": "user", "content": "[Maria] When is the report due?"}
     assert {tool["function"]["name"] for tool in request["tools"]} == {
-        "memory_recall", "memorize", "memory_update", "memory_forget", "search_history",
+        "memory_recall", "memorize", "memory_update", "memory_forget", "search_history", "record_learning",
     }
 
 

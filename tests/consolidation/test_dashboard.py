@@ -1,0 +1,326 @@
+"""The experience page and the fact ledger through Django's test client: the document
+(escaped), versions and diffs, consolidation runs with their audit details, "Consolidate
+now", facts pending first with "Add fact", other teams' kins → 404."""
+import pytest
+from django.core.cache import cache
+from django.urls import reverse
+
+from consolidation import services
+from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.types import LLMError
+from tests.factories import KinFactory
+
+pytestmark = pytest.mark.django_db
+
+XSS = '<script>alert("x")</script>'
+ESCAPED_XSS = "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;"
+
+V1 = """# Master AI Experience
+## 1. User Directives & Preferences
+- Maria wants answers in bullet points.
+## 2. Defensive Safeguards & Heuristics
+## 3. Project-Specific Constraints
+- The churn report deduplicates by email.
+## 4. Anti-Patterns & Critical Gotchas
+## 5. Mistake Corrections & Fixes"""
+V2 = V1.replace("by email.", "by customer id.")
+
+
+def url(name, *args):
+    return reverse(f"dashboard:{name}", args=args)
+
+
+def version(kin, number, markdown, run=None) -> ExperienceVersion:
+    return ExperienceVersion.objects.create(
+        kin=kin, version=number, markdown=markdown, word_count=len(markdown.split()), run=run
+    )
+
+
+def fact(kin, statement, **fields) -> Fact:
+    return services.fact_record(kin=kin, statement=statement, source=Fact.Source.API, **fields)
+
+
+@pytest.fixture
+def logged_in(client, user, team):
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def foreign_kin(other_team):
+    return KinFactory(team=other_team)
+
+
+def test_anonymous_users_are_sent_to_login(client, kin):
+    for page in ("experience", "fact_list"):
+        response = client.get(url(page, kin.pk))
+
+        assert response.status_code == 302
+        assert response["Location"].startswith(reverse("login"))
+
+
+def test_kin_page_links_to_experience_and_facts(logged_in, kin):
+    body = logged_in.get(url("kin_detail", kin.pk)).content.decode()
+
+    assert url("experience", kin.pk) in body
+    assert url("fact_list", kin.pk) in body
+
+
+def test_page_without_a_document_says_so(logged_in, kin):
+    response = logged_in.get(url("experience", kin.pk))
+
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "No experience document yet" in body
+    assert "No consolidation has run yet." in body
+    assert 'id="experience-diff"' not in body
+
+
+def test_shows_the_current_document_and_every_version(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V2)
+
+    response = logged_in.get(url("experience", kin.pk))
+
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "Current document" in body and "version 2" in body
+    assert "deduplicates by customer id." in body
+    assert "?version=1" in body and "?version=2" in body
+
+
+def test_document_text_is_escaped(logged_in, kin):
+    version(kin, 1, V1 + f"\n- Never run {XSS}")
+
+    body = logged_in.get(url("experience", kin.pk)).content.decode()
+
+    assert XSS not in body
+    assert ESCAPED_XSS in body
+
+
+def test_default_diff_compares_the_previous_version_with_the_current_one(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V2)
+
+    response = logged_in.get(url("experience", kin.pk))
+
+    body = response.content.decode()
+    assert response.context["diff_from"] == 1 and response.context["diff_to"] == 2
+    assert '<span class="diff-del">-- The churn report deduplicates by email.</span>' in body
+    assert '<span class="diff-add">+- The churn report deduplicates by customer id.</span>' in body
+    assert "Changes from version 1 to version 2" in body
+
+
+def test_diff_between_any_two_chosen_versions(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V2)
+    version(kin, 3, V2 + "\n- Check the date column first.")
+
+    response = logged_in.get(url("experience", kin.pk), {"from": 1, "to": 3})
+
+    kinds = {(line.kind, line.text) for line in response.context["diff"]}
+    assert ("del", "-- The churn report deduplicates by email.") in kinds
+    assert ("add", "+- Check the date column first.") in kinds
+    assert ("file", "--- version 1") in kinds and ("file", "+++ version 3") in kinds
+
+
+def test_diff_of_identical_versions_says_they_are_the_same(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V1)
+
+    body = logged_in.get(url("experience", kin.pk), {"from": 1, "to": 2}).content.decode()
+
+    assert "The two versions are the same." in body
+
+
+def test_diff_text_is_escaped(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V1 + f"\n- {XSS}")
+
+    body = logged_in.get(url("experience", kin.pk)).content.decode()
+
+    assert XSS not in body
+    assert f'<span class="diff-add">+- {ESCAPED_XSS}</span>' in body
+
+
+def test_diff_with_an_unknown_version_asks_for_existing_ones(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V2)
+
+    response = logged_in.get(url("experience", kin.pk), {"from": 1, "to": 9})
+
+    assert response.status_code == 200
+    assert "Choose two existing versions to compare." in response.content.decode()
+    assert response.context["diff"] is None
+
+
+def test_an_older_version_can_be_shown(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V2)
+
+    response = logged_in.get(url("experience", kin.pk), {"version": 1})
+
+    assert response.context["shown"].version == 1
+    body = response.content.decode()
+    assert "show the current version" in body
+    assert '<pre class="text markdown" id="experience-markdown">' in body
+    assert "deduplicates by email." in body.split('id="experience-markdown">')[1].split("</pre>")[0]
+
+
+def test_an_unknown_version_answers_404(logged_in, kin):
+    version(kin, 1, V1)
+
+    assert logged_in.get(url("experience", kin.pk), {"version": 5}).status_code == 404
+
+
+def test_runs_show_status_summary_template_words_errors_and_folded_details(logged_in, kin):
+    applied = ConsolidationRun.objects.create(
+        kin=kin,
+        trigger="nightly",
+        status="applied",
+        template_source="team",
+        summary_of_changes="Dedupe is now by customer id.",
+        word_count=42,
+        rendered_prompt=f"PROMPT TEXT {XSS}",
+        raw_answers=['{"summary_of_changes": "RAW ANSWER"}'],
+        processed_fact_ids=[7, 8],
+        superseded_fact_ids=[3],
+    )
+    version(kin, 1, V2, run=applied)
+    applied.experience_version = ExperienceVersion.objects.get(kin=kin)
+    applied.save()
+    ConsolidationRun.objects.create(
+        kin=kin,
+        trigger="api",
+        status="rejected",
+        template_source="default",
+        validation_errors=["missing section ## 4. Anti-Patterns & Critical Gotchas"],
+        error="The answer failed validation twice.",
+    )
+
+    response = logged_in.get(url("experience", kin.pk))
+
+    body = response.content.decode()
+    runs = body.split('id="consolidation-runs"')[1]
+    assert runs.index("Rejected") < runs.index("Applied")  # newest first
+    assert "Dedupe is now by customer id." in runs
+    assert "template: team" in runs and "template: default" in runs
+    assert "42 words" in runs
+    assert "wrote <a href=\"?version=1\">version 1</a>" in runs
+    assert "Processed facts: 7, 8 · superseded: 3" in runs
+    assert "missing section ## 4. Anti-Patterns &amp; Critical Gotchas" in runs
+    assert "The answer failed validation twice." in runs
+    assert "<summary>Rendered prompt</summary>" in runs and "PROMPT TEXT" in runs
+    assert "<summary>Model answer 1</summary>" in runs and "RAW ANSWER" in runs
+    assert XSS not in body
+
+
+def test_consolidate_now_with_prepare_renders_the_prompt_and_changes_nothing(logged_in, kin):
+    fact(kin, "Maria wants weekly reports.")
+
+    with provider_override(ScriptedProvider([])):  # any model call would fail the test
+        response = logged_in.post(url("experience_consolidate", kin.pk), {"prepare": "on"})
+
+    run = ConsolidationRun.objects.get(kin=kin)
+    assert run.status == ConsolidationRun.Status.PREPARED and run.trigger == ConsolidationRun.Trigger.API
+    assert response.status_code == 302
+    assert response["Location"] == url("experience", kin.pk) + f"?run={run.pk}#run-{run.pk}"
+    page = logged_in.get(response["Location"]).content.decode()
+    assert f"Consolidation {run.pk}: <strong>Prepared</strong>" in page
+    assert "Maria wants weekly reports." in page  # inside the folded rendered prompt
+    assert not ExperienceVersion.objects.filter(kin=kin).exists()
+    assert services_pending(kin) == 1
+
+
+def services_pending(kin) -> int:
+    return Fact.objects.filter(kin=kin, status="active", is_consolidated=False).count()
+
+
+def test_consolidate_now_needs_post(logged_in, kin):
+    assert logged_in.get(url("experience_consolidate", kin.pk)).status_code == 405
+    assert not ConsolidationRun.objects.exists()
+
+
+def test_other_teams_kin_answers_404(logged_in, foreign_kin):
+    version(foreign_kin, 1, V1)
+    fact(foreign_kin, "Foreign secret fact.")
+
+    assert logged_in.get(url("experience", foreign_kin.pk)).status_code == 404
+    assert logged_in.get(url("fact_list", foreign_kin.pk)).status_code == 404
+    assert logged_in.post(url("fact_list", foreign_kin.pk), {"statement": "x", "category": "fact"}).status_code == 404
+    assert logged_in.post(url("experience_consolidate", foreign_kin.pk), {"prepare": "on"}).status_code == 404
+    assert not ConsolidationRun.objects.exists()
+    assert Fact.objects.count() == 1
+
+
+def test_facts_list_pending_first_then_newest(logged_in, kin):
+    old_pending = fact(kin, "Old pending fact.")
+    consolidated = fact(kin, "Consolidated fact.")
+    superseded = fact(kin, "Superseded fact.")
+    new_pending = fact(kin, "New pending fact.")
+    Fact.objects.filter(pk=consolidated.pk).update(is_consolidated=True)
+    Fact.objects.filter(pk=superseded.pk).update(status=Fact.Status.SUPERSEDED)
+
+    response = logged_in.get(url("fact_list", kin.pk))
+
+    shown = [f.pk for f in response.context["page"].object_list]
+    assert shown == [new_pending.pk, old_pending.pk, superseded.pk, consolidated.pk]
+    body = response.content.decode()
+    assert "2 pending" in body
+    assert body.index("New pending fact.") < body.index("Consolidated fact.")
+
+
+def test_add_fact_records_a_pending_fact_by_the_user(logged_in, kin, user):
+    response = logged_in.post(url("fact_list", kin.pk), {"statement": "Deploys happen on Tuesdays.", "category": "decision"})
+
+    added = Fact.objects.get(kin=kin)
+    assert response.status_code == 302
+    assert response["Location"] == url("fact_list", kin.pk) + f"?added={added.pk}"
+    assert added.statement == "Deploys happen on Tuesdays."
+    assert added.category == Fact.Category.DECISION
+    assert added.source == Fact.Source.API and added.source_ref == f"user:{user.get_username()}"
+    assert added.status == Fact.Status.ACTIVE and not added.is_consolidated
+    page = logged_in.get(response["Location"]).content.decode()
+    assert f"Fact {added.pk} added" in page and "Deploys happen on Tuesdays." in page
+
+
+def test_add_fact_with_a_blank_statement_shows_the_form_again(logged_in, kin):
+    response = logged_in.post(url("fact_list", kin.pk), {"statement": "  ", "category": "fact"})
+
+    assert response.status_code == 400
+    assert "This field is required." in response.content.decode()
+    assert not Fact.objects.exists()
+
+
+def test_fact_text_is_escaped(logged_in, kin):
+    fact(kin, f"Never paste {XSS}")
+
+    body = logged_in.get(url("fact_list", kin.pk)).content.decode()
+
+    assert XSS not in body and ESCAPED_XSS in body
+
+
+def test_consolidate_now_shows_a_failed_run_and_its_error(logged_in, kin):
+    fact(kin, "Maria wants weekly reports.")
+
+    with provider_override(ScriptedProvider([LLMError("The endpoint is down.")])):
+        response = logged_in.post(url("experience_consolidate", kin.pk), follow=True)
+
+    run = ConsolidationRun.objects.get(kin=kin)
+    assert run.status == ConsolidationRun.Status.FAILED
+    body = response.content.decode()
+    assert f"Consolidation {run.pk}: <strong>Failed</strong>" in body
+    assert "The endpoint is down." in body
+
+
+def test_consolidate_now_while_another_run_holds_the_kin_says_so(logged_in, kin):
+    key = services.LOCK_KEY.format(kin_id=kin.pk)
+    cache.add(key, "another-run", timeout=60)
+    try:
+        response = logged_in.post(url("experience_consolidate", kin.pk), follow=True)
+    finally:
+        cache.delete(key)
+
+    assert "Another consolidation of" in response.content.decode()
+    assert not ConsolidationRun.objects.exists()
