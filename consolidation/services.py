@@ -8,25 +8,23 @@ raised to the caller: it is recorded on the run (status failed, error) and nothi
 changes; a rejected answer likewise (status rejected, validation_errors)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from consolidation.selectors import PENDING, experience_current
+from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict, InvalidInput
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.providers import strip_json_fence
@@ -297,20 +295,6 @@ def _section_errors(markdown: str, sections: list[str]) -> list[str]:
 # --- the run ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _kin_lock(kin_id: int) -> Iterator[bool]:
-    """One consolidation per kin at a time: a cache lock (Redis in production) that
-    expires with the task's hard time limit, so a killed worker does not hold it for ever."""
-    key = LOCK_KEY.format(kin_id=kin_id)
-    token = uuid.uuid4().hex
-    acquired = cache.add(key, token, timeout=settings.CELERY_TASK_TIME_LIMIT)
-    try:
-        yield acquired
-    finally:
-        if acquired and cache.get(key) == token:
-            cache.delete(key)
-
-
 @dataclass
 class _Snapshot:
     """What the run starts from, read once under the lock."""
@@ -374,8 +358,8 @@ def consolidation_run(
             template_id=snapshot.template.template_id, max_words=max_words, rendered_prompt=snapshot.prompt,
             finished_at=timezone.now(),
         )
-    with _kin_lock(kin.pk) as acquired:
-        if not acquired:
+    with cache_lock(LOCK_KEY.format(kin_id=kin.pk)) as holder:
+        if holder is not None:
             raise ConsolidationBusy(f"Kin {kin.pk} is being consolidated by another run.", details={"kin": kin.pk})
         started = time.monotonic()
         snapshot = _snapshot(kin=kin, template=template, max_words=max_words)

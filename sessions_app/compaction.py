@@ -1,18 +1,16 @@
 """Compaction (SPEC §5): fold a session's older history into a structured summary once
 it outgrows its share of the kin's history budget. Raw events are never changed; the
 newest Summary of a session marks the boundary the prompt builder reads from."""
-import contextlib
 import json
 import logging
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Q, QuerySet, Sum
 
+from kinsite.cachelock import cache_lock
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.types import LLMBadResponse
 from kinsite.models import PromptTemplate
@@ -230,22 +228,6 @@ def build_compaction_messages(
 # --- the service ---------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _session_lock(session_id: int) -> Iterator[bool]:
-    """A per-session lock in the cache (Redis when REDIS_URL is set): yields whether it was
-    taken. It expires with the task's hard time limit, so a killed worker cannot hold it
-    for ever; the boundary check before writing covers a lock that expired too early."""
-    key = LOCK_KEY.format(session_id=session_id)
-    token = uuid.uuid4().hex
-    acquired = cache.add(key, token, timeout=settings.CELERY_TASK_TIME_LIMIT)
-    try:
-        yield acquired
-    finally:
-        # Only the holder releases, so an expired-and-retaken lock is left to its new owner.
-        if acquired and cache.get(key) == token:
-            cache.delete(key)
-
-
 def session_compact(*, session: Session) -> Summary | None:
     """Summarise the session's un-summarised history except the newest
     COMPACTION_KEEP_TOKENS (default a quarter of the history budget), merging the previous summary.
@@ -254,8 +236,8 @@ def session_compact(*, session: Session) -> Summary | None:
     nothing to cut, or another run holds the session). Safe to run twice: a duplicate
     finds the work done. On an LLM failure nothing is written but the gateway's LLMCall
     row, and the error propagates so the task can retry."""
-    with _session_lock(session.pk) as acquired:
-        if not acquired:
+    with cache_lock(LOCK_KEY.format(session_id=session.pk)) as holder:
+        if holder is not None:
             logger.info("Compaction of session %s skipped: another run holds it.", session.pk)
             return None
         previous = latest_summary(session)

@@ -11,24 +11,21 @@ One run per session at a time: a cache lock (Redis in production) whose value na
 run holding it, backed by the database's partial unique constraint on running runs."""
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from consolidation.services import fact_record
+from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict
 from kinsite.llm.gateway import llm_chat
 from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
@@ -277,20 +274,10 @@ def events_to_introspect(*, session: Session, token_budget: int) -> list[Event]:
 # --- the run ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _session_lock(session_id: int, run_id: int) -> Iterator[str | None]:
-    """Take the session's introspection lock for `run_id`. Yields None when taken, else
-    the value of the lock ("<run id>:<token>") so the caller can tell a duplicate
-    delivery of the same run from a different run. It expires with the task's hard
-    time limit, so a killed worker does not hold it for ever."""
-    key = LOCK_KEY.format(session_id=session_id)
-    value = f"{run_id}:{uuid.uuid4().hex}"
-    acquired = cache.add(key, value, timeout=settings.CELERY_TASK_TIME_LIMIT)
-    try:
-        yield None if acquired else (cache.get(key) or "")
-    finally:
-        if acquired and cache.get(key) == value:
-            cache.delete(key)
+def _session_lock(session_id: int, run_id: int):
+    """The session's introspection lock for `run_id`: yields None when taken, else the
+    holder's value ("<run id>:<token>")."""
+    return cache_lock(LOCK_KEY.format(session_id=session_id), owner=str(run_id))
 
 
 def session_introspect(*, run_id: int) -> IntrospectionRun | None:

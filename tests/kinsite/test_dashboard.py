@@ -5,7 +5,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from tests.factories import KinFactory, MembershipFactory, MessageFactory, SessionFactory, TeamFactory, UserFactory
+from tests.factories import KinFactory, MembershipFactory, MessageFactory, SessionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
