@@ -3,7 +3,7 @@
 A handler takes a ToolContext and the raw arguments string the model sent, and returns
 a short text for the model: JSON on success, "Error: ..." when the arguments are
 unusable (never an exception, so the tool loop can hand the error back to the model).
-The schemas are the single source of truth for validation (_check_arguments reads them).
+The schemas are the single source of truth for validation (check_arguments reads them).
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ DELETE_SCHEMA = _remove_schema(
 # --- argument checking ----------------------------------------------------------------------
 
 
-def _check_arguments(schema: dict[str, Any], raw: str) -> dict[str, Any]:
+def check_arguments(schema: dict[str, Any], raw: str) -> dict[str, Any]:
     """The arguments as a dict, checked against the schema's parameters (the subset of
     JSON Schema used above), or ToolArgumentError with a message the model can act on."""
     try:
@@ -194,10 +194,10 @@ def _own_active_memory(context: ToolContext, memory_id: int) -> Memory:
     return memory
 
 
-def _tool(schema: dict[str, Any], run: Callable[[ToolContext, dict[str, Any]], dict[str, Any]]) -> MemoryTool:
+def tool_from(schema: dict[str, Any], run: Callable[[ToolContext, dict[str, Any]], dict[str, Any]]) -> MemoryTool:
     def handler(context: ToolContext, raw_arguments: str) -> str:
         try:
-            return json.dumps(run(context, _check_arguments(schema, raw_arguments)), ensure_ascii=False)
+            return json.dumps(run(context, check_arguments(schema, raw_arguments)), ensure_ascii=False)
         except ToolArgumentError as exc:
             return f"Error: {exc}"
 
@@ -273,18 +273,18 @@ def memory_toolset(kind: str) -> dict[str, MemoryTool]:
     memory_update, memory_delete)."""
     if kind == "kin":
         tools = [
-            _tool(RECALL_SCHEMA, _recall(count_retrieval=True)),
-            _tool(MEMORIZE_SCHEMA, _add),
-            _tool(UPDATE_SCHEMA, _update),
-            _tool(FORGET_SCHEMA, _delete),
+            tool_from(RECALL_SCHEMA, _recall(count_retrieval=True)),
+            tool_from(MEMORIZE_SCHEMA, _add),
+            tool_from(UPDATE_SCHEMA, _update),
+            tool_from(FORGET_SCHEMA, _delete),
         ]
     elif kind == "introspection":
         # Introspection reads memories to maintain them, not to use them: no retrieval counted.
         tools = [
-            _tool(RECALL_SCHEMA, _recall(count_retrieval=False)),
-            _tool(ADD_SCHEMA, _add),
-            _tool(UPDATE_SCHEMA, _update),
-            _tool(DELETE_SCHEMA, _delete),
+            tool_from(RECALL_SCHEMA, _recall(count_retrieval=False)),
+            tool_from(ADD_SCHEMA, _add),
+            tool_from(UPDATE_SCHEMA, _update),
+            tool_from(DELETE_SCHEMA, _delete),
         ]
     else:
         raise ValueError(f"unknown memory toolset {kind!r}; expected 'kin' or 'introspection'")

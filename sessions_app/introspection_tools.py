@@ -18,7 +18,7 @@ from memories.tools import (  # the memory tools' own schemas and checks: one so
     MemoryTool,
     ToolArgumentError,
     ToolContext,
-    _check_arguments,
+    check_arguments,
     _own_active_memory,
     _schema,
     memory_toolset,
@@ -93,7 +93,7 @@ def _stage_memory_write(tool: MemoryTool) -> Stage:
 
     def stage(context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
         try:
-            args = _check_arguments(tool.schema, raw)
+            args = check_arguments(tool.schema, raw)
             if name in ("memory_update", "memory_delete"):
                 _own_active_memory(context, args["id"])
                 if name == "memory_update" and not set(args) - {"id", "reason"}:
@@ -108,7 +108,7 @@ def _stage_memory_write(tool: MemoryTool) -> Stage:
 
 def _stage_working_memory(context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
     try:
-        args = _check_arguments(WORKING_MEMORY_SCHEMA, raw)
+        args = check_arguments(WORKING_MEMORY_SCHEMA, raw)
     except ToolArgumentError as exc:
         return f"Error: {exc}"
     state.working_memory = args.get("content", "")
@@ -117,7 +117,7 @@ def _stage_working_memory(context: ToolContext, state: IntrospectionState, raw: 
 
 def _stage_description(context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
     try:
-        args = _check_arguments(DESCRIPTION_SCHEMA, raw)
+        args = check_arguments(DESCRIPTION_SCHEMA, raw)
     except ToolArgumentError as exc:
         return f"Error: {exc}"
     state.description = args["description"]

@@ -2,17 +2,17 @@
 `record_learning` (a pending fact for the nightly consolidation, SPEC §8).
 
 Every handler takes a memories.tools.ToolContext and the raw arguments string, and
-returns text for the model ("Error: ..." for unusable arguments, never an exception)."""
+returns text for the model ("Error: ..." for unusable arguments, never an exception);
+arguments are checked against the schemas by memories.tools.check_arguments."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.conf import settings
 
 from consolidation.models import Fact
 from consolidation.services import STATEMENT_MAX_CHARS, fact_record
-from memories.tools import MemoryTool, ToolContext, memory_toolset
+from memories.tools import MemoryTool, ToolContext, memory_toolset, tool_from
 from sessions_app.selectors import history_search
 
 SEARCH_HISTORY_MAX_LIMIT = 20
@@ -38,37 +38,9 @@ SEARCH_HISTORY_SCHEMA: dict[str, Any] = {
 }
 
 
-def _search_history_arguments(raw: str) -> tuple[str, int]:
-    try:
-        args = json.loads(raw) if raw and raw.strip() else {}
-    except ValueError:
-        raise ValueError("the arguments are not valid JSON.")
-    if not isinstance(args, dict):
-        raise ValueError("the arguments must be a JSON object.")
-    extra = sorted(set(args) - {"query", "limit"})
-    if extra:
-        raise ValueError(f"unknown argument(s): {', '.join(extra)}; allowed: query, limit.")
-    query = args.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise ValueError("query must be a non-empty string.")
-    if len(query) > settings.SEARCH_MAX_QUERY_CHARS:
-        raise ValueError(f"query is longer than {settings.SEARCH_MAX_QUERY_CHARS} characters.")
+def _search_history(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     limit = args.get("limit", SEARCH_HISTORY_DEFAULT_LIMIT)
-    if limit is None:
-        limit = SEARCH_HISTORY_DEFAULT_LIMIT
-    if isinstance(limit, float) and limit.is_integer():
-        limit = int(limit)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= SEARCH_HISTORY_MAX_LIMIT:
-        raise ValueError(f"limit must be an integer between 1 and {SEARCH_HISTORY_MAX_LIMIT}.")
-    return query, limit
-
-
-def search_history_handler(context: ToolContext, raw_arguments: str) -> str:
-    try:
-        query, limit = _search_history_arguments(raw_arguments)
-    except ValueError as exc:
-        return f"Error: {exc}"
-    hits = history_search(query=query, limit=limit, kin=context.kin)
+    hits = history_search(query=args["query"], limit=limit, kin=context.kin)
     results = [
         {
             "id": hit.pk,
@@ -82,7 +54,7 @@ def search_history_handler(context: ToolContext, raw_arguments: str) -> str:
         }
         for hit in hits
     ]
-    return json.dumps({"results": results}, ensure_ascii=False)
+    return {"results": results}
 
 
 RECORD_LEARNING_SCHEMA: dict[str, Any] = {
@@ -104,44 +76,19 @@ RECORD_LEARNING_SCHEMA: dict[str, Any] = {
 }
 
 
-def _record_learning_arguments(raw: str) -> tuple[str, str]:
-    try:
-        args = json.loads(raw) if raw and raw.strip() else {}
-    except ValueError:
-        raise ValueError("the arguments are not valid JSON.")
-    if not isinstance(args, dict):
-        raise ValueError("the arguments must be a JSON object.")
-    extra = sorted(set(args) - {"statement", "category"})
-    if extra:
-        raise ValueError(f"unknown argument(s): {', '.join(extra)}; allowed: statement, category.")
-    statement = args.get("statement")
-    if not isinstance(statement, str) or not statement.strip():
-        raise ValueError("statement must be a non-empty string.")
-    statement = statement.strip()
-    if "\x00" in statement:
-        raise ValueError("statement must not contain NUL characters.")
-    if len(statement) > STATEMENT_MAX_CHARS:
-        raise ValueError(f"statement is longer than {STATEMENT_MAX_CHARS} characters.")
-    category = args.get("category") or Fact.Category.FACT
-    if category not in Fact.Category.values:
-        raise ValueError(f"category must be one of: {', '.join(Fact.Category.values)}.")
-    return statement, category
-
-
-def record_learning_handler(context: ToolContext, raw_arguments: str) -> str:
-    try:
-        statement, category = _record_learning_arguments(raw_arguments)
-    except ValueError as exc:
-        return f"Error: {exc}"
-    fact = fact_record(kin=context.kin, statement=statement, category=category,
+def _record_learning(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    fact = fact_record(kin=context.kin, statement=args["statement"], category=args.get("category", Fact.Category.FACT),
                        source=Fact.Source.TOOL, source_ref=context.source_ref)
-    return json.dumps({"status": "recorded", "fact": {"id": fact.pk, "category": fact.category,
-                                                      "statement": fact.statement}}, ensure_ascii=False)
+    return {"status": "recorded", "fact": {"id": fact.pk, "category": fact.category, "statement": fact.statement}}
+
+
+SEARCH_HISTORY_TOOL = tool_from(SEARCH_HISTORY_SCHEMA, _search_history)
+RECORD_LEARNING_TOOL = tool_from(RECORD_LEARNING_SCHEMA, _record_learning)
 
 
 def kin_toolset() -> dict[str, MemoryTool]:
     """The tools a kin may call in a chat turn, by name. workflow_lineage joins with workflows."""
     tools = dict(memory_toolset("kin"))
-    tools["search_history"] = MemoryTool(schema=SEARCH_HISTORY_SCHEMA, handler=search_history_handler)
-    tools["record_learning"] = MemoryTool(schema=RECORD_LEARNING_SCHEMA, handler=record_learning_handler)
+    tools["search_history"] = SEARCH_HISTORY_TOOL
+    tools["record_learning"] = RECORD_LEARNING_TOOL
     return tools

@@ -18,7 +18,7 @@ from sessions_app.context import prompt_assemble
 from sessions_app.introspection import introspection_request
 from sessions_app.models import Session
 from sessions_app.tasks import introspect_session_task
-from sessions_app.tools import kin_toolset, record_learning_handler
+from sessions_app.tools import RECORD_LEARNING_TOOL, kin_toolset
 from sessions_app.turns import turn_post
 from tests.consolidation.conftest import add_fact, answer, document
 from tests.factories import MemoryFactory, MessageFactory
@@ -104,23 +104,23 @@ def test_a_kin_records_a_learning_in_a_turn(chat_session, model):
 @pytest.mark.parametrize("arguments, error", [
     ("not json", "not valid JSON"),
     ("[]", "must be a JSON object"),
-    ("{}", "statement must be a non-empty string"),
-    ('{"statement": "   "}', "statement must be a non-empty string"),
-    ('{"statement": 42}', "statement must be a non-empty string"),
+    ("{}", "missing required argument(s): statement"),
+    ('{"statement": "   "}', "statement must not be empty"),
+    ('{"statement": 42}', "statement must be a string"),
     ('{"statement": "x", "category": "rumour"}', "category must be one of"),
     ('{"statement": "x", "importance": 3}', "unknown argument(s): importance"),
     (json.dumps({"statement": "x" * 4001}), "longer than 4000"),
 ])
 def test_record_learning_with_bad_arguments_is_a_tool_error_and_records_nothing(kin, arguments, error):
     context = ToolContext(team=kin.team, kin=kin, actor=Actor("event:1"), source="turn", source_ref="event:1")
-    output = record_learning_handler(context, arguments)
+    output = RECORD_LEARNING_TOOL.handler(context, arguments)
     assert output.startswith("Error: ") and error in output
     assert not Fact.objects.exists()
 
 
 def test_record_learning_defaults_to_the_fact_category(kin):
     context = ToolContext(team=kin.team, kin=kin, actor=Actor("event:7"), source="turn", source_ref="event:7")
-    record_learning_handler(context, '{"statement": "The API is versioned."}')
+    RECORD_LEARNING_TOOL.handler(context, '{"statement": "The API is versioned."}')
     assert Fact.objects.values_list("category", "source_ref").get() == ("fact", "event:7")
 
 
