@@ -1,0 +1,579 @@
+"""Lineage of a workflow node (SPEC §9): its upstream subgraph, a narrative of how
+its records came to be, and exports as JSON, W3C PROV-JSON and OpenLineage events.
+
+Pure functions over plain data: a selector reads the workflow once and hands over a
+`GraphInfo`; nothing here touches the database.
+
+Staleness. A node's results are judged from its fields:
+- never ran: `results_version == 0` and no `config_fingerprint`;
+- lost its results: `results_version == 0` but a `config_fingerprint` (it ran once, the
+  results were cleared since). No status value means "results lost", so status is not used;
+- settings changed: it has results but `current_fingerprint` (its config now) differs from
+  `config_fingerprint` (its config when the results were produced). An empty
+  `current_fingerprint` means "not computed" and is never a change.
+The node itself is judged too by default (the canvas shows *its* records); the executor,
+computing `{{_lineage}}` for a node it is about to run, passes `check_self=False`, since
+that node's results are about to be replaced.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+NEVER_RAN = "never_ran"
+LOST_RESULTS = "lost_results"
+SETTINGS_CHANGED = "settings_changed"
+
+PRODUCER = "https://github.com/kinsite/kinsite/tree/main/workflows/lineage.py"
+OPENLINEAGE_RUN_EVENT_SCHEMA = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/definitions/RunEvent"
+PARENT_RUN_FACET_SCHEMA = "https://openlineage.io/spec/facets/1-0-0/ParentRunFacet.json#/$defs/ParentRunFacet"
+OUTPUT_STATISTICS_FACET_SCHEMA = (
+    "https://openlineage.io/spec/facets/1-0-0/OutputStatisticsOutputDatasetFacet.json"
+    "#/$defs/OutputStatisticsOutputDatasetFacet"
+)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    id: str  # the client id
+    type: str
+    label: str = ""
+    config: dict = field(default_factory=dict)
+    status: str = "idle"
+    records_in: int | None = None
+    records_out: int | None = None
+    results_version: int = 0
+    config_fingerprint: str = ""  # of the config its current results were produced with
+    current_fingerprint: str = ""  # of its config now ("" = not computed)
+
+
+@dataclass(frozen=True)
+class EdgeInfo:
+    source: str
+    target: str
+    kind: str = "data"
+
+
+@dataclass
+class GraphInfo:
+    nodes: list[NodeInfo]
+    edges: list[EdgeInfo]
+
+
+@dataclass(slots=True)
+class LineageEntry:
+    id: str
+    type: str
+    label: str
+    summary: str  # the describer's sentence
+    params: dict
+    records_in: int | None
+    records_out: int | None
+    results_version: int
+    status: str
+    stale_cause: str | None = None  # NEVER_RAN, LOST_RESULTS, SETTINGS_CHANGED or None
+
+    @property
+    def name(self) -> str:
+        return self.label or self.id
+
+
+@dataclass
+class LineageGraph:
+    node_id: str  # the node whose lineage this is (the last entry)
+    entries: list[LineageEntry]  # topological order
+    edges: list[EdgeInfo]  # data edges among the entries, each (source, target) once
+    stale: bool = False
+    stale_reasons: list[str] = field(default_factory=list)  # one sentence fragment per stale node
+
+
+def default_describer(node: NodeInfo) -> str:
+    # Counts are appended to every step by the narrative, so the generic sentence names
+    # the step only (the registry's describers should not repeat the counts either).
+    kind = node.type or "unknown"
+    if node.label and node.label != node.type:
+        return f'Runs "{node.label}", a {kind} step'
+    return f"Runs a {kind} step"
+
+
+def default_params(node: NodeInfo) -> dict:
+    return dict(node.config)
+
+
+def stale_cause(node: NodeInfo) -> str | None:
+    if node.results_version <= 0:
+        return LOST_RESULTS if node.config_fingerprint else NEVER_RAN
+    if node.current_fingerprint and node.current_fingerprint != node.config_fingerprint:
+        return SETTINGS_CHANGED
+    return None
+
+
+_CAUSE_TEXT = {
+    NEVER_RAN: "{} never ran",
+    LOST_RESULTS: "{} lost its results",
+    SETTINGS_CHANGED: "{} has changed settings since its last run",
+}
+
+
+def collect_lineage(
+    graph: GraphInfo,
+    node_id: str,
+    *,
+    describe: Callable[[NodeInfo], str] = default_describer,
+    params: Callable[[NodeInfo], dict] = default_params,
+    check_self: bool = True,
+) -> LineageGraph:
+    """The node and everything upstream of it over data edges, in topological order
+    (among nodes ready at the same time, the earlier in `graph.nodes` first). Linear in
+    nodes + edges when `graph.nodes` is already in topological order (the usual case:
+    nodes are added after their inputs); otherwise Kahn's algorithm with a heap."""
+    nodes = graph.nodes
+    position = {node.id: i for i, node in enumerate(nodes)}
+    target = position.get(node_id)
+    if target is None:
+        raise ValueError(f"unknown node {node_id!r}")
+    parents: list[list[int]] = [[] for _ in nodes]
+    data_edges = []
+    for edge in graph.edges:
+        source, sink = position.get(edge.source), position.get(edge.target)
+        if source is None or sink is None:
+            raise ValueError(f"edge {edge.source!r} → {edge.target!r} names an unknown node")
+        if edge.kind == "data":
+            parents[sink].append(source)
+            data_edges.append((source, sink))
+
+    upstream = bytearray(len(nodes))
+    upstream[target] = 1
+    stack = [target]
+    while stack:
+        for parent in parents[stack.pop()]:
+            if not upstream[parent]:
+                upstream[parent] = 1
+                stack.append(parent)
+
+    pairs, seen, in_input_order = [], set(), True
+    for pair in data_edges:  # input order; parallel edges (other handles) once
+        if upstream[pair[1]] and pair not in seen:
+            seen.add(pair)
+            pairs.append(pair)
+            in_input_order = in_input_order and pair[0] < pair[1]
+    if in_input_order:  # no edge points backwards: the input order is the stable order
+        order = [i for i in range(len(nodes)) if upstream[i]]
+    else:
+        order = _kahn(nodes, [i for i in range(len(nodes)) if upstream[i]], pairs, node_id)
+
+    entries, reasons = [], []
+    for i in order:
+        node = nodes[i]
+        cause = stale_cause(node) if (check_self or i != target) else None
+        # Positional: keyword arguments cost twice as much, which shows at 10,000 nodes.
+        entries.append(LineageEntry(
+            node.id, node.type, node.label, describe(node), params(node),
+            node.records_in, node.records_out, node.results_version, node.status, cause,
+        ))
+        if cause:
+            reasons.append(_CAUSE_TEXT[cause].format(node.label or node.id))
+    edges = [EdgeInfo(nodes[s].id, nodes[t].id) for s, t in pairs]
+    return LineageGraph(node_id=node_id, entries=entries, edges=edges, stale=bool(reasons), stale_reasons=reasons)
+
+
+def _kahn(nodes: list[NodeInfo], members: list[int], pairs: list[tuple[int, int]], node_id: str) -> list[int]:
+    children: dict[int, list[int]] = {}
+    waiting = dict.fromkeys(members, 0)
+    for source, sink in pairs:
+        children.setdefault(source, []).append(sink)
+        waiting[sink] += 1
+    ready = [i for i in members if waiting[i] == 0]  # ascending, so already a heap
+    order = []
+    while ready:
+        current = heapq.heappop(ready)
+        order.append(current)
+        for child in children.get(current, ()):
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                heapq.heappush(ready, child)
+    if len(order) != len(members):
+        raise ValueError(f"the upstream of {node_id!r} has a cycle")
+    return order
+
+
+# --- Narrative -------------------------------------------------------------------------
+
+STALE_WARNING = "Warning: upstream settings changed since these records were produced"
+OMITTED_LINE = "(Earlier steps omitted to fit.)"
+_PARAM_VALUE_CHARS = 60
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
+
+
+def _counts(records_in: int | None, records_out: int | None) -> str:
+    if records_in is None and records_out is None:
+        return "no records yet"
+    if records_in is None:
+        return f"{_count(records_out)} record{'' if records_out == 1 else 's'} out"
+    noun = "record" if records_in == 1 else "records"
+    if records_out is None:
+        return f"{_count(records_in)} {noun} in"
+    return f"{_count(records_in)} {noun} in, {_count(records_out)} out"
+
+
+def _sentence_body(text: str) -> str:
+    text = " ".join(text.split())
+    return text[:-1] if text.endswith(".") else text
+
+
+def _param_text(params: dict) -> str:
+    if not params:
+        return ""
+    parts = []
+    for key, value in params.items():
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        shown = " ".join(str(shown).split())
+        if len(shown) > _PARAM_VALUE_CHARS:
+            shown = shown[: _PARAM_VALUE_CHARS - 1] + "…"
+        parts.append(f"{key}={shown}")
+    return " Parameters: " + "; ".join(parts) + "."
+
+
+def _letter(index: int) -> str:
+    letters = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        letters = chr(65 + rest) + letters
+    return letters
+
+
+def _and_list(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+class _Layout:
+    """The graph cut into segments (maximal chains), each with its header and numbering.
+
+    A node continues its parent's segment when it is the parent's only child and has no
+    other parent. At a fan-out (a diamond's shared ancestor) the first child continues
+    the segment and the others start branches that "continue from Branch X step k" —
+    unless the ancestor also feeds a join directly, in which case the segment ends there,
+    so that every join names whole branches ("Branch A and Branch B are combined")."""
+
+    def __init__(self, graph: LineageGraph):
+        entries = graph.entries
+        index = {entry.id: i for i, entry in enumerate(entries)}
+        count = len(entries)
+        self.parents: list[list[int]] = [[] for _ in range(count)]
+        children: list[list[int]] = [[] for _ in range(count)]
+        for edge in graph.edges:
+            source, target = index[edge.source], index[edge.target]
+            self.parents[target].append(source)
+            children[source].append(target)
+        continuer = [-1] * count  # the child that carries on a node's segment
+        for i in range(count):
+            kids = children[i]
+            if len(kids) == 1 and len(self.parents[kids[0]]) == 1:
+                continuer[i] = kids[0]
+            elif len(kids) > 1 and all(len(self.parents[k]) == 1 for k in kids):
+                continuer[i] = min(kids)
+        self.segment_of = [-1] * count
+        self.step_of = [0] * count
+        self.segments: list[list[int]] = []
+        for i in range(count):  # topological order, so a segment's start comes first
+            if self.segment_of[i] != -1:
+                continue
+            segment, current = [], i
+            while current != -1:
+                self.segment_of[current] = len(self.segments)
+                self.step_of[current] = len(segment) + 1
+                segment.append(current)
+                current = continuer[current]
+            self.segments.append(segment)
+        self.height = [0] * count
+        for i in range(count):
+            for p in self.parents[i]:
+                self.height[i] = max(self.height[i], self.height[p] + 1)
+
+    def header(self, s: int) -> str | None:
+        final = s == len(self.segments) - 1
+        if final and s == 0:
+            return None  # a plain chain: just the numbered list
+        name = "Then" if final else f"Branch {_letter(s)}"
+        parents = self.parents[self.segments[s][0]]
+        if not parents:
+            return f"{name}:"
+        if len(parents) == 1:
+            p = parents[0]
+            return f"{name}: continues from Branch {_letter(self.segment_of[p])} step {self.step_of[p]}."
+        joined = sorted({self.segment_of[p] for p in parents})
+        if len(joined) > 3 and joined[-1] - joined[0] == len(joined) - 1:  # a wide join stays short
+            return (f"{name}: Branch {_letter(joined[0])} to Branch {_letter(joined[-1])} "
+                    f"({len(joined)} branches) are combined.")
+        return f"{name}: {_and_list([f'Branch {_letter(x)}' for x in joined])} are combined."
+
+    def segment_lines(self, s: int, hidden: int, entries: list[LineageEntry]) -> list[str]:
+        """The segment without parameters, its first `hidden` steps folded into one line."""
+        header = self.header(s)
+        lines = [header] if header is not None else []
+        if hidden:
+            lines.append(_folded_line(hidden))
+        segment = self.segments[s]
+        lines.extend(_step_line(self.step_of[i], entries[i], False) for i in segment[hidden:])
+        return lines
+
+
+def _step_line(number: int, entry: LineageEntry, with_params: bool) -> str:
+    line = f"{number}. {_sentence_body(entry.summary)} ({_counts(entry.records_in, entry.records_out)})."
+    return line + _param_text(entry.params) if with_params else line
+
+
+def _folded_line(hidden: int) -> str:
+    # No counts: the next visible step says how many records came in.
+    return "1. 1 further step." if hidden == 1 else f"1–{hidden}. {_count(hidden)} further steps."
+
+
+def _folded_len(hidden: int) -> int:
+    return len(_folded_line(hidden)) + 1 if hidden else 0
+
+
+def _warning(graph: LineageGraph, max_chars: int) -> str:
+    if not graph.stale:
+        return ""
+    # Name the causes, as many as fit in half the budget (a wholly stale 10,000-node graph
+    # would otherwise leave no room for the steps).
+    text, shown = STALE_WARNING + ": " + graph.stale_reasons[0], 1
+    for reason in graph.stale_reasons[1:]:
+        rest = len(graph.stale_reasons) - shown - 1
+        tail = f" and {_count(rest)} more" if rest else ""
+        if len(text) + 2 + len(reason) + len(tail) + 1 > max_chars // 2:
+            break
+        text += "; " + reason
+        shown += 1
+    more = len(graph.stale_reasons) - shown
+    return text + (f"; and {_count(more)} more" if more else "") + "."
+
+
+def lineage_to_narrative(graph: LineageGraph, max_chars: int = 2000) -> str:
+    """How the node's records came to be, in at most `max_chars` characters.
+
+    One step per line: "2. <describer's sentence> (120 records in, 87 out)." plus
+    " Parameters: k=v; k=v." at full detail. A chain is one numbered list. Otherwise each
+    segment (see `_Layout`) is a list under a header: "Branch A:" (from a source),
+    "Branch B: continues from Branch A step 2." (after a diamond's shared ancestor),
+    "Branch C: Branch A and Branch B are combined." (a join inside the lineage), and
+    last "Then: Branch A and Branch B are combined." for the join leading to the node.
+    A stale graph starts with "Warning: upstream settings changed since these records
+    were produced: <node> never ran; <node> lost its results; <node> has changed
+    settings since its last run."
+
+    Over budget, in order: parameter detail is dropped; then steps are folded into
+    "1–3. 3 further steps." from the sources down (at level c every step fewer than c
+    edges from a source, the smallest c that fits; the node's own step always shows);
+    if even the most folded form is over, the warning and then the last whole lines that
+    fit are kept (the steps nearest the node matter most) after a line saying so.
+    Linear in the entries; only the lines that can fit are ever formatted."""
+    entries = graph.entries
+    if not entries:
+        return ""
+    layout = _Layout(graph)
+    segments = layout.segments
+    warning = _warning(graph, max_chars)
+    head = [warning] if warning else []
+    room = max_chars - sum(len(line) + 1 for line in head) + 1  # for the lines after the head
+
+    def unfolded(with_params: bool) -> list[str] | None:
+        lines, used = [], 0
+        for s, segment in enumerate(segments):
+            header = layout.header(s)
+            candidates = ([header] if header is not None else []) + [
+                _step_line(layout.step_of[i], entries[i], with_params) for i in segment]
+            for line in candidates:
+                used += len(line) + 1
+                if used > room:
+                    return None  # stops early: at 10,000 nodes only the first lines get built
+                lines.append(line)
+        return lines
+
+    for with_params in (True, False):
+        lines = unfolded(with_params)
+        if lines is not None:
+            return "\n".join(head + lines)
+
+    # The most folded form: every step but the node's own in "further steps" lines. Built
+    # from the end, stopping once over budget (then the tail built so far is the answer).
+    target = len(entries) - 1
+    hidden = [len(segment) for segment in segments]
+    hidden[-1] -= 1
+    tail: list[str] = []  # reversed
+    used = 0
+    for s in range(len(segments) - 1, -1, -1):
+        for line in reversed(layout.segment_lines(s, hidden[s], entries)):
+            used += len(line) + 1
+            if used > room:
+                return _keep_tail(head, tail, max_chars)
+            tail.append(line)
+
+    # It fits: unfold from the most folded level down while the text still fits. A step
+    # at height c shows once the level is c or less; a segment's folded steps stay a
+    # prefix because heights grow along a segment.
+    by_height: dict[int, list[int]] = {}
+    for i in range(target):
+        by_height.setdefault(layout.height[i], []).append(i)
+    for level in range(layout.height[target] - 1, 0, -1):
+        growth = 0
+        for i in by_height.get(level, ()):
+            s = layout.segment_of[i]
+            growth += (len(_step_line(layout.step_of[i], entries[i], False)) + 1
+                       + _folded_len(hidden[s] - 1) - _folded_len(hidden[s]))
+        if used + growth > room:
+            break
+        used += growth
+        for i in by_height.get(level, ()):
+            hidden[layout.segment_of[i]] -= 1
+    lines = [line for s in range(len(segments)) for line in layout.segment_lines(s, hidden[s], entries)]
+    return "\n".join(head + lines)
+
+
+def _keep_tail(head: list[str], tail_reversed: list[str], max_chars: int) -> str:
+    room = max_chars - sum(len(line) + 1 for line in head) - len(OMITTED_LINE)
+    kept = []
+    for line in tail_reversed:
+        if len(line) + 1 > room:
+            break
+        room -= len(line) + 1
+        kept.append(line)
+    result = head + ([OMITTED_LINE] + kept[::-1] if kept else [])
+    while result and len("\n".join(result)) > max_chars:
+        result.pop()  # a budget smaller than the warning itself: whole lines only
+    return "\n".join(result)
+
+
+# --- Exports ---------------------------------------------------------------------------
+
+def lineage_to_json(graph: LineageGraph) -> dict:
+    return {
+        "node": graph.node_id,
+        "stale": graph.stale,
+        "stale_reasons": list(graph.stale_reasons),
+        "entries": [asdict(entry) for entry in graph.entries],
+        "edges": [{"source": edge.source, "target": edge.target} for edge in graph.edges],
+    }
+
+
+def _local_name(text: str) -> str:
+    # PROV qualified names: keep letters, digits and a few safe marks; escape the rest.
+    return re.sub(r"[^A-Za-z0-9_.\-]", lambda m: "_%02X" % ord(m.group()) if ord(m.group()) < 256
+                  else "_u%04X" % ord(m.group()), text)
+
+
+def _prov_value(value):
+    if isinstance(value, bool | int | float | str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def lineage_to_prov(graph: LineageGraph, *, workflow_name: str, namespace: str) -> dict:
+    """W3C PROV-JSON: one entity per node output (its current results), one activity per
+    node run, usage, generation and derivation along the data edges, and the workflow as
+    the software agent every activity is associated with. `namespace` is the URI behind
+    the `kinsite:` prefix; parameters use the `param:` prefix."""
+    base = namespace if namespace.endswith(("/", "#")) else namespace + "/"
+
+    def entity_id(node_id: str) -> str:
+        return f"kinsite:results.{_local_name(node_id)}"
+
+    def activity_id(node_id: str) -> str:
+        return f"kinsite:run.{_local_name(node_id)}"
+
+    agent_id = f"kinsite:workflow.{_local_name(workflow_name)}"
+    document: dict = {
+        "prefix": {"kinsite": base, "param": base + "param#", "xsd": "http://www.w3.org/2001/XMLSchema#"},
+        "entity": {},
+        "activity": {},
+        "agent": {agent_id: {"prov:type": {"$": "prov:SoftwareAgent", "type": "xsd:QName"},
+                             "prov:label": workflow_name}},
+        "wasGeneratedBy": {},
+        "used": {},
+        "wasDerivedFrom": {},
+        "wasAssociatedWith": {},
+    }
+    for entry in graph.entries:
+        entity = {"prov:label": f"Records of {entry.name}", "kinsite:nodeId": entry.id,
+                  "kinsite:resultsVersion": entry.results_version}
+        if entry.records_out is not None:
+            entity["kinsite:recordCount"] = entry.records_out
+        if entry.stale_cause:
+            entity["kinsite:staleCause"] = entry.stale_cause
+        document["entity"][entity_id(entry.id)] = entity
+        activity = {"prov:type": {"$": f"kinsite:{_local_name(entry.type)}", "type": "xsd:QName"},
+                    "prov:label": entry.label or entry.id, "kinsite:nodeId": entry.id,
+                    "kinsite:summary": entry.summary, "kinsite:status": entry.status}
+        if entry.records_in is not None:
+            activity["kinsite:recordsIn"] = entry.records_in
+        for key, value in entry.params.items():
+            activity[f"param:{_local_name(str(key))}"] = _prov_value(value)
+        document["activity"][activity_id(entry.id)] = activity
+        document["wasGeneratedBy"][f"_:gen.{_local_name(entry.id)}"] = {
+            "prov:entity": entity_id(entry.id), "prov:activity": activity_id(entry.id)}
+        document["wasAssociatedWith"][f"_:assoc.{_local_name(entry.id)}"] = {
+            "prov:activity": activity_id(entry.id), "prov:agent": agent_id}
+    for n, edge in enumerate(graph.edges, start=1):
+        document["used"][f"_:use{n}"] = {"prov:activity": activity_id(edge.target),
+                                          "prov:entity": entity_id(edge.source)}
+        document["wasDerivedFrom"][f"_:der{n}"] = {
+            "prov:generatedEntity": entity_id(edge.target), "prov:usedEntity": entity_id(edge.source),
+            "prov:activity": activity_id(edge.target)}
+    return {key: value for key, value in document.items() if value}
+
+
+_EVENT_TYPES = {"done": "COMPLETE", "failed": "FAIL", "running": "START", "skipped": "ABORT"}
+
+
+def lineage_to_openlineage(
+    graph: LineageGraph, *, workflow_name: str, namespace: str, run_id: str | uuid.UUID,
+    event_time: datetime | str,
+) -> list[dict]:
+    """OpenLineage run events, one per node in topological order. Each node is a job
+    `<workflow>.<node id>`, run as a child of the workflow run `run_id` (parent facet) with
+    its own run id derived from it; its output dataset `<workflow>.<node id>` is an input
+    of its downstream nodes. Status → eventType: done COMPLETE, failed FAIL, running START,
+    skipped (an upstream node failed) ABORT, idle and pending OTHER."""
+    if isinstance(event_time, datetime):
+        event_time = (event_time if event_time.tzinfo else event_time.replace(tzinfo=UTC)).isoformat()
+    parent_run = uuid.UUID(str(run_id))
+    parents: dict[str, list[str]] = {}
+    for edge in graph.edges:
+        parents.setdefault(edge.target, []).append(edge.source)
+
+    def dataset(node_id: str) -> dict:
+        return {"namespace": namespace, "name": f"{workflow_name}.{node_id}"}
+
+    events = []
+    for entry in graph.entries:
+        output = dataset(entry.id)
+        output["facets"] = {"version": {
+            "_producer": PRODUCER,
+            "_schemaURL": "https://openlineage.io/spec/facets/1-0-0/DatasetVersionDatasetFacet.json"
+                          "#/$defs/DatasetVersionDatasetFacet",
+            "datasetVersion": str(entry.results_version)}}
+        if entry.records_out is not None:
+            output["outputFacets"] = {"outputStatistics": {
+                "_producer": PRODUCER, "_schemaURL": OUTPUT_STATISTICS_FACET_SCHEMA, "rowCount": entry.records_out}}
+        events.append({
+            "eventType": _EVENT_TYPES.get(entry.status, "OTHER"),
+            "eventTime": event_time,
+            "run": {"runId": str(uuid.uuid5(parent_run, entry.id)), "facets": {"parent": {
+                "_producer": PRODUCER, "_schemaURL": PARENT_RUN_FACET_SCHEMA,
+                "run": {"runId": str(parent_run)}, "job": {"namespace": namespace, "name": workflow_name}}}},
+            "job": {"namespace": namespace, "name": f"{workflow_name}.{entry.id}"},
+            "inputs": [dataset(source) for source in parents.get(entry.id, [])],
+            "outputs": [output],
+            "producer": PRODUCER,
+            "schemaURL": OPENLINEAGE_RUN_EVENT_SCHEMA,
+        })
+    return events
