@@ -17,4 +17,5 @@ urlpatterns = [
     path("", include("sessions_app.api.urls")),
     path("", include("memories.api.urls")),
     path("", include("consolidation.api.urls")),
+    path("", include("workflows.api.urls")),
 ]

@@ -15,6 +15,7 @@ from kinsite.services import api_token_issue, api_token_revoke
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Event, Kin, Session, Turn
+from workflows.models import Node, NodeRun, Workflow
 from tests.factories import KinFactory, MessageFactory, SessionFactory
 
 API_PREFIX = "/api/v1/"
@@ -92,8 +93,21 @@ ENDPOINTS = [
     Endpoint("POST", "kins/{id}/consolidate/", "kin", body={"prepare": True}),
     Endpoint("GET", "kins/{id}/consolidations/", "kin"),
     Endpoint("GET", "kins/{id}/experience/", "kin"),
+    Endpoint("GET", "workflows/"),
+    Endpoint("POST", "workflows/", body={"name": "New workflow", "nodes": [], "edges": []}),
+    Endpoint("GET", "workflows/{id}/", "workflow"),
+    Endpoint(
+        "PUT",
+        "workflows/{id}/",
+        "workflow",
+        body={"name": "Replaced", "nodes": [{"id": "src", "type": "inline_records", "config": {"records": []}}]},
+    ),
+    Endpoint("DELETE", "workflows/{id}/", "workflow"),
+    Endpoint("POST", "workflows/{id}/run/", "workflow"),
+    # Both placeholders get the workflow's id; the node part never matters (the workflow is checked first).
+    Endpoint("GET", "workflows/{id}/nodes/{id}/lineage/", "workflow", query="format=narrative"),
 ]
-OWNER_MODELS = {"kin": Kin, "session": Session, "memory": Memory, "turn": Turn}
+OWNER_MODELS = {"kin": Kin, "session": Session, "memory": Memory, "turn": Turn, "workflow": Workflow}
 OWNED_ENDPOINTS = [endpoint for endpoint in ENDPOINTS if endpoint.owner]
 
 
@@ -105,7 +119,8 @@ def seeded(team):
     message = MessageFactory(session=session, content=f"the {SECRET} plan", external_id="seed-1")
     turn = Turn.objects.create(session=session, user_message=message, status=Turn.Status.FAILED, error=SECRET)
     memory = _memory(team, kin, f"The {SECRET} plan is due in May.")
-    return {"kin": kin, "session": session, "memory": memory, "turn": turn}
+    workflow = _workflow(team, f"Workflow {SECRET}")
+    return {"kin": kin, "session": session, "memory": memory, "turn": turn, "workflow": workflow}
 
 
 @pytest.fixture
@@ -116,10 +131,21 @@ def foreign(other_team):
     message = MessageFactory(session=session, content=f"the foreign {SECRET} plan", external_id="foreign-1")
     turn = Turn.objects.create(session=session, user_message=message, status=Turn.Status.FAILED, error=SECRET)
     memory = _memory(other_team, kin, f"Foreign: the {SECRET} plan is secret.")
+    workflow = _workflow(other_team, f"Foreign workflow {SECRET}")
     Fact.objects.create(kin=kin, statement=f"Foreign: the {SECRET} fact.", source=Fact.Source.API)
     run = ConsolidationRun.objects.create(kin=kin, trigger="api", status="applied", summary_of_changes=SECRET)
     ExperienceVersion.objects.create(kin=kin, version=1, markdown=f"# Master AI Experience\n- {SECRET}", run=run)
-    return {"kin": kin, "session": session, "memory": memory, "turn": turn}
+    return {"kin": kin, "session": session, "memory": memory, "turn": turn, "workflow": workflow}
+
+
+def _workflow(team, name) -> Workflow:
+    workflow = Workflow.objects.create(team=team, name=name)
+    # The node's client id is the workflow's id, so the lineage route (both ids the same) finds it.
+    Node.objects.create(
+        workflow=workflow, client_id=str(workflow.pk), type="inline_records",
+        label=f"Records {SECRET}", config={"records": [{"note": SECRET}]},
+    )
+    return workflow
 
 
 def _memory(team, kin, content) -> Memory:
@@ -140,6 +166,9 @@ def _snapshot():
         list(Fact.objects.order_by("id").values_list("id", "statement", "status", "is_consolidated")),
         list(ConsolidationRun.objects.order_by("id").values_list("id", "status")),
         ExperienceVersion.objects.count(),
+        list(Workflow.objects.order_by("id").values_list("id", "name")),
+        list(Node.objects.order_by("id").values_list("id", "client_id", "type", "status", "config")),
+        NodeRun.objects.count(),
     )
 
 

@@ -1,0 +1,14 @@
+from django.urls import path
+
+from workflows.api import views
+
+urlpatterns = [
+    path("workflows/", views.WorkflowListView.as_view(), name="workflow-list"),
+    path("workflows/<int:workflow_id>/", views.WorkflowDetailView.as_view(), name="workflow-detail"),
+    path("workflows/<int:workflow_id>/run/", views.WorkflowRunView.as_view(), name="workflow-run"),
+    path(
+        "workflows/<int:workflow_id>/nodes/<str:node_id>/lineage/",
+        views.NodeLineageView.as_view(),
+        name="workflow-node-lineage",
+    ),
+]

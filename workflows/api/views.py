@@ -1,0 +1,147 @@
+"""API views for workflows (SPEC §11): list/create, read/replace/delete, run, and a node's
+lineage. Reads come from workflows.selectors (scoped to the token's team); writes go
+through workflows.services."""
+import uuid
+
+from django.db.models import Count
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.generics import ListAPIView
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.views import APIView
+
+from kinsite.api.auth import request_team
+from workflows import selectors, services
+from workflows.api.serializers import (
+    LineageQuerySerializer,
+    WorkflowDocumentSerializer,
+    WorkflowRunSerializer,
+    WorkflowSummarySerializer,
+    workflow_detail,
+)
+from workflows.executor import node_lineage
+from workflows.models import Workflow, WorkflowRun
+
+
+def _detail_response(workflow: Workflow, *, status_code: int = status.HTTP_200_OK) -> Response:
+    workflow = Workflow.objects.get(pk=workflow.pk)  # fresh: a run may have changed it
+    return Response(workflow_detail(workflow, last_run=selectors.workflow_last_run(workflow=workflow)),
+                    status=status_code)
+
+
+class WorkflowListView(ListAPIView):
+    """The team's workflows, oldest first; POST imports one from its JSON document."""
+
+    serializer_class = WorkflowSummarySerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Workflow.objects.none()
+        return selectors.workflow_list(team=request_team(self.request)).annotate(node_count=Count("nodes"))
+
+    @extend_schema(
+        request=WorkflowDocumentSerializer,
+        responses={201: OpenApiResponse(description="The workflow: the document plus node states.")},
+    )
+    def post(self, request):
+        document = services.document_clean(request.data)
+        workflow = services.workflow_create(team=request_team(request), document=document)
+        return _detail_response(workflow, status_code=status.HTTP_201_CREATED)
+
+
+class WorkflowDetailView(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("export", str, required=False, description="1: only the JSON document.")],
+        responses={200: OpenApiResponse(description="The document, each node's state and description, the last run.")},
+    )
+    def get(self, request, workflow_id):
+        workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
+        if request.query_params.get("export", "").lower() in ("1", "true", "yes"):
+            return Response(services.workflow_export(workflow=workflow))
+        return _detail_response(workflow)
+
+    @extend_schema(request=WorkflowDocumentSerializer, responses={200: OpenApiResponse(description="The workflow.")})
+    def put(self, request, workflow_id):
+        workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
+        document = services.document_clean(request.data)
+        workflow = services.workflow_update(workflow=workflow, document=document)
+        return _detail_response(workflow)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, workflow_id):
+        workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
+        services.workflow_delete(workflow=workflow)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class WorkflowRunView(APIView):
+    @extend_schema(
+        request=None,
+        responses={
+            202: WorkflowRunSerializer,
+            400: OpenApiResponse(description="Unknown node types, or nodes with the wrong number of inputs."),
+            409: OpenApiResponse(description="A run of this workflow is still going."),
+        },
+        description="Starts a run: {run}. With eager Celery (the embedded default) the run has finished "
+        "by the time this answers; otherwise poll GET /workflows/{id}/.",
+    )
+    def post(self, request, workflow_id):
+        workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
+        run = services.workflow_run_start(workflow=workflow)
+        run = WorkflowRun.objects.get(pk=run.pk)
+        return Response({"run": WorkflowRunSerializer(run).data}, status=status.HTTP_202_ACCEPTED)
+
+
+class _IgnoreFormatParameter:
+    """api_settings, except that ?format= does not pick a renderer (here it picks the lineage format)."""
+
+    URL_FORMAT_OVERRIDE = None
+
+    def __getattr__(self, name):
+        return getattr(api_settings, name)
+
+
+class LineageContentNegotiation(DefaultContentNegotiation):
+    settings = _IgnoreFormatParameter()
+
+
+class NodeLineageView(APIView):
+    content_negotiation_class = LineageContentNegotiation
+
+    @extend_schema(
+        parameters=[LineageQuerySerializer],
+        responses={200: OpenApiResponse(description="{node_id, format, stale, lineage}: lineage is the graph "
+                                                    "(json), the text (narrative), PROV-JSON (prov) or "
+                                                    "OpenLineage run events (openlineage).")},
+    )
+    def get(self, request, workflow_id, node_id):
+        from workflows import lineage
+
+        workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
+        selectors.node_get(workflow=workflow, client_id=node_id)
+        params = LineageQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        fmt, max_chars = params.validated_data["format"], params.validated_data["max_chars"]
+        graph = node_lineage(workflow=workflow, client_id=node_id)
+        # The workflow's API address names it in PROV and OpenLineage (a URI, as both expect).
+        namespace = request.build_absolute_uri(f"/api/v1/workflows/{workflow.pk}/")
+        if fmt == "narrative":
+            payload = lineage.lineage_to_narrative(graph, max_chars=max_chars)
+        elif fmt == "prov":
+            payload = lineage.lineage_to_prov(graph, workflow_name=workflow.name, namespace=namespace)
+        elif fmt == "openlineage":
+            run = selectors.workflow_last_run(workflow=workflow)
+            run_key = f"{namespace}runs/{run.pk}" if run is not None else f"{namespace}never-ran"
+            event_time = (run.finished_at or run.started_at or run.created_at) if run is not None else timezone.now()
+            payload = lineage.lineage_to_openlineage(
+                graph, workflow_name=workflow.name, namespace=namespace,
+                run_id=uuid.uuid5(uuid.NAMESPACE_URL, run_key), event_time=event_time,
+            )
+        else:
+            payload = lineage.lineage_to_json(graph)
+        return Response(
+            {"node_id": node_id, "format": fmt, "stale": graph.stale, "lineage": payload}
+        )

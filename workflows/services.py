@@ -1,0 +1,359 @@
+"""Every write to workflows: create/update/delete from the JSON document, export, and
+starting a run (the executor that carries it out lives in workflows.executor)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from kinsite.errors import Conflict, InvalidInput
+from kinsite.models import Team
+from workflows.models import Edge, Node, NodeRun, Workflow, WorkflowRun
+from workflows.registry import NODE_TYPES, validate_params
+
+MAX_NODES = 10_000
+MAX_EDGES = 50_000
+NODE_KEYS = {"id", "type", "label", "config", "position"}
+EDGE_KEYS = {"source", "target", "source_handle", "target_handle", "kind"}
+DOCUMENT_KEYS = {"name", "description", "nodes", "edges"}
+# What GET /workflows/{id}/ adds to the document; accepted and ignored on import, so a
+# GET body can be posted back as it is.
+READ_ONLY_DOCUMENT_KEYS = {"id", "created_at", "updated_at", "last_run"}
+READ_ONLY_NODE_KEYS = {
+    "status", "records_in", "records_out", "results_version", "config_fingerprint",
+    "current_fingerprint", "error", "last_run_at", "description",
+}
+# Config keys a node writes for itself (the smart filter's generated conditions): not
+# settings, so they do not change the fingerprint.
+DERIVED_CONFIG_KEYS = {"generated"}
+# A run still pending/running after this long was abandoned (a lost worker) and no longer
+# blocks a new run.
+ACTIVE_RUN_WINDOW = timedelta(hours=1)
+
+
+class WorkflowInvalid(InvalidInput):
+    code = "invalid_workflow"
+
+
+# --- the JSON document -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    id: str
+    type: str
+    label: str
+    config: dict
+    position: dict
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    source: str
+    target: str
+    source_handle: str
+    target_handle: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class WorkflowDocument:
+    name: str
+    description: str
+    nodes: list[NodeSpec]
+    edges: list[EdgeSpec]
+
+
+def _str(value: Any, *, where: str, max_length: int, errors: list[str], required: bool = False) -> str:
+    if value is None or value == "":
+        if required:
+            errors.append(f"{where} is required.")
+        return ""
+    if not isinstance(value, str):
+        errors.append(f"{where} must be a string.")
+        return ""
+    if len(value) > max_length:
+        errors.append(f"{where} is longer than {max_length} characters.")
+    return value
+
+
+def document_clean(data: Any) -> WorkflowDocument:
+    """The validated document, or WorkflowInvalid (400) listing every problem: the shape,
+    unique node ids, edges between known nodes, no cycles, parameters of known types."""
+    if not isinstance(data, dict):
+        raise WorkflowInvalid("The workflow document must be a JSON object {name, description, nodes, edges}.")
+    errors: list[str] = []
+    unknown = sorted(set(data) - DOCUMENT_KEYS - READ_ONLY_DOCUMENT_KEYS)
+    if unknown:
+        errors.append(f"unknown keys: {', '.join(unknown)} (allowed: {', '.join(sorted(DOCUMENT_KEYS))}).")
+    name = _str(data.get("name"), where="name", max_length=200, errors=errors, required=True)
+    description = _str(data.get("description"), where="description", max_length=10_000, errors=errors)
+    raw_nodes, raw_edges = data.get("nodes", []), data.get("edges", [])
+    if not isinstance(raw_nodes, list) or not isinstance(raw_edges, list):
+        raise WorkflowInvalid("'nodes' and 'edges' must be lists.", details={"errors": errors})
+    if len(raw_nodes) > MAX_NODES or len(raw_edges) > MAX_EDGES:
+        raise WorkflowInvalid(f"A workflow holds at most {MAX_NODES} nodes and {MAX_EDGES} edges.")
+
+    nodes: list[NodeSpec] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_nodes):
+        where = f"nodes[{index}]"
+        if not isinstance(raw, dict):
+            errors.append(f"{where} must be an object {{id, type, label, config, position}}.")
+            continue
+        extra = sorted(set(raw) - NODE_KEYS - READ_ONLY_NODE_KEYS)
+        if extra:
+            errors.append(f"{where} has unknown keys: {', '.join(extra)}.")
+        node_id = _str(raw.get("id"), where=f"{where}.id", max_length=100, errors=errors, required=True)
+        node_type = _str(raw.get("type"), where=f"{where}.type", max_length=50, errors=errors, required=True)
+        label = _str(raw.get("label"), where=f"{where}.label", max_length=200, errors=errors)
+        config = raw.get("config") if raw.get("config") is not None else {}
+        position = raw.get("position") if raw.get("position") is not None else {}
+        if not isinstance(position, dict):
+            errors.append(f"{where}.position must be an object {{x, y}}.")
+            position = {}
+        if node_id in seen:
+            errors.append(f"node id '{node_id}' is used by more than one node.")
+        seen.add(node_id)
+        if not isinstance(config, dict):
+            errors.append(f"node '{node_id}': config must be a JSON object.")
+            config = {}
+        elif node_type in NODE_TYPES:
+            errors.extend(f"node '{node_id}' ({node_type}): {problem}" for problem in validate_params(NODE_TYPES[node_type], config))
+        if node_id:
+            nodes.append(NodeSpec(node_id, node_type, label, config, position))
+
+    edges: list[EdgeSpec] = []
+    connections: set[tuple] = set()
+    for index, raw in enumerate(raw_edges):
+        where = f"edges[{index}]"
+        if not isinstance(raw, dict):
+            errors.append(f"{where} must be an object {{source, target, source_handle, target_handle, kind}}.")
+            continue
+        extra = sorted(set(raw) - EDGE_KEYS - {"id"})
+        if extra:
+            errors.append(f"{where} has unknown keys: {', '.join(extra)}.")
+        source = _str(raw.get("source"), where=f"{where}.source", max_length=100, errors=errors, required=True)
+        target = _str(raw.get("target"), where=f"{where}.target", max_length=100, errors=errors, required=True)
+        source_handle = _str(raw.get("source_handle"), where=f"{where}.source_handle", max_length=50, errors=errors)
+        target_handle = _str(raw.get("target_handle"), where=f"{where}.target_handle", max_length=50, errors=errors)
+        kind = raw.get("kind") or Edge.Kind.DATA
+        if kind not in Edge.Kind.values:
+            errors.append(f"{where}.kind must be one of {', '.join(Edge.Kind.values)}.")
+        for end, node_id in (("source", source), ("target", target)):
+            if node_id and node_id not in seen:
+                errors.append(f"{where} {end} '{node_id}' is not a node of this workflow.")
+        connection = (source, target, source_handle, target_handle)
+        if connection in connections:
+            errors.append(f"{where} repeats the edge {source} → {target}.")
+        connections.add(connection)
+        if source and target:
+            edges.append(EdgeSpec(source, target, source_handle, target_handle, kind))
+
+    if errors:
+        raise WorkflowInvalid(errors[0] if len(errors) == 1 else f"{errors[0]} (and {len(errors) - 1} more problems)",
+                              details={"errors": errors})
+    cycle = find_cycle([n.id for n in nodes], [(e.source, e.target) for e in edges])
+    if cycle:
+        path = " → ".join(cycle)
+        raise WorkflowInvalid(f"The workflow has a cycle: {path}.", details={"errors": [f"cycle: {path}"], "cycle": cycle})
+    return WorkflowDocument(name=name, description=description, nodes=nodes, edges=edges)
+
+
+def topological_waves(node_ids: list[str], edges: list[tuple[str, str]]) -> tuple[dict[str, int], list[str]]:
+    """Kahn's algorithm by levels: each node's wave (1 + the latest wave among its parents),
+    and the nodes left over, which lie on or behind a cycle."""
+    indegree = dict.fromkeys(node_ids, 0)
+    children: dict[str, list[str]] = defaultdict(list)
+    for source, target in edges:
+        children[source].append(target)
+        indegree[target] += 1
+    wave = {node_id: 0 for node_id, degree in indegree.items() if degree == 0}
+    ready = list(wave)
+    while ready:
+        node_id = ready.pop()
+        for child in children[node_id]:
+            wave[child] = max(wave.get(child, 0), wave[node_id] + 1)
+            indegree[child] -= 1
+            if indegree[child] == 0:
+                ready.append(child)
+    return wave, [node_id for node_id, degree in indegree.items() if degree > 0]
+
+
+def find_cycle(node_ids: list[str], edges: list[tuple[str, str]]) -> list[str]:
+    """One cycle as a path that ends where it starts ([] when the graph is a DAG)."""
+    _, left = topological_waves(node_ids, edges)
+    if not left:
+        return []
+    remaining = set(left)
+    parents: dict[str, list[str]] = defaultdict(list)
+    for source, target in edges:
+        if source in remaining and target in remaining:
+            parents[target].append(source)
+    # Every leftover node still has a leftover parent (that is why it is left over), so
+    # walking up parents must come back to a node already on the path: that loop is a cycle.
+    path: list[str] = []
+    index: dict[str, int] = {}
+    node_id = left[0]
+    while node_id not in index:
+        index[node_id] = len(path)
+        path.append(node_id)
+        node_id = parents[node_id][0]
+    loop = path[index[node_id]:]
+    loop.reverse()  # walked against the edges; show it along them
+    order = {node_id: i for i, node_id in enumerate(node_ids)}
+    start = min(range(len(loop)), key=lambda i: order[loop[i]])  # from the node listed first
+    loop = loop[start:] + loop[:start]
+    return loop + [loop[0]]
+
+
+def config_fingerprint(node_type: str, config: dict) -> str:
+    """sha256 of the canonical JSON of the node's type and settings."""
+    settings_only = {k: v for k, v in (config or {}).items() if k not in DERIVED_CONFIG_KEYS}
+    canonical = json.dumps({"type": node_type, "config": settings_only}, sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --- create / update / delete / export --------------------------------------------------------
+
+
+@transaction.atomic
+def workflow_create(*, team: Team, document: WorkflowDocument) -> Workflow:
+    workflow = Workflow.objects.create(team=team, name=document.name, description=document.description)
+    _write_graph(workflow=workflow, document=document)
+    return workflow
+
+
+@transaction.atomic
+def workflow_update(*, workflow: Workflow, document: WorkflowDocument) -> Workflow:
+    """Replaces the graph. Nodes keep their identity (and results) by client id, so a
+    changed config shows as stale lineage rather than as a node that never ran."""
+    workflow = Workflow.objects.select_for_update().get(pk=workflow.pk)
+    workflow.name, workflow.description = document.name, document.description
+    workflow.save(update_fields=["name", "description", "updated_at"])
+    _write_graph(workflow=workflow, document=document)
+    return workflow
+
+
+@transaction.atomic
+def workflow_delete(*, workflow: Workflow) -> None:
+    workflow.delete()
+
+
+def _write_graph(*, workflow: Workflow, document: WorkflowDocument) -> None:
+    existing = {node.client_id: node for node in workflow.nodes.all()}
+    wanted = {spec.id for spec in document.nodes}
+    Edge.objects.filter(workflow=workflow).delete()
+    Node.objects.filter(workflow=workflow).exclude(client_id__in=wanted).delete()
+    to_create, to_update = [], []
+    for spec in document.nodes:
+        node = existing.get(spec.id)
+        if node is None:
+            to_create.append(Node(workflow=workflow, client_id=spec.id, type=spec.type, label=spec.label,
+                                  config=spec.config, position=spec.position))
+        else:
+            node.type, node.label, node.config, node.position = spec.type, spec.label, spec.config, spec.position
+            to_update.append(node)
+    Node.objects.bulk_create(to_create, batch_size=500)
+    Node.objects.bulk_update(to_update, ["type", "label", "config", "position"], batch_size=500)
+    ids = dict(Node.objects.filter(workflow=workflow).values_list("client_id", "id"))
+    Edge.objects.bulk_create(
+        [
+            Edge(workflow=workflow, source_id=ids[e.source], target_id=ids[e.target], source_handle=e.source_handle,
+                 target_handle=e.target_handle, kind=e.kind)
+            for e in document.edges
+        ],
+        batch_size=1000,
+    )
+
+
+def workflow_export(*, workflow: Workflow) -> dict:
+    """The workflow as the JSON document workflow_create takes."""
+    nodes = list(workflow.nodes.order_by("id"))
+    client_ids = {node.pk: node.client_id for node in nodes}
+    return {
+        "name": workflow.name,
+        "description": workflow.description,
+        "nodes": [
+            {"id": n.client_id, "type": n.type, "label": n.label, "config": n.config, "position": n.position}
+            for n in nodes
+        ],
+        "edges": [
+            {
+                "source": client_ids[e.source_id],
+                "target": client_ids[e.target_id],
+                "source_handle": e.source_handle,
+                "target_handle": e.target_handle,
+                "kind": e.kind,
+            }
+            for e in workflow.edges.order_by("id")
+        ],
+    }
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+
+def workflow_run_check(*, workflow: Workflow) -> list[Node]:
+    """The workflow's nodes if it can run; WorkflowInvalid (400) naming unknown node types
+    and nodes with the wrong number of inputs."""
+    nodes = list(workflow.nodes.all())
+    if not nodes:
+        raise WorkflowInvalid("The workflow has no nodes to run.")
+    unknown = sorted({node.type for node in nodes if node.type not in NODE_TYPES})
+    if unknown:
+        names = ", ".join(f"'{n.client_id}' ({n.type})" for n in nodes if n.type in unknown)
+        raise WorkflowInvalid(
+            f"Unknown node types cannot run: {', '.join(unknown)} (nodes {names}). "
+            f"Known types: {', '.join(sorted(NODE_TYPES))}.",
+            details={"unknown_types": unknown},
+        )
+    data_inputs: dict[int, int] = defaultdict(int)
+    for target_id in workflow.edges.filter(kind=Edge.Kind.DATA).values_list("target_id", flat=True):
+        data_inputs[target_id] += 1
+    problems = []
+    for node in nodes:
+        node_type, count = NODE_TYPES[node.type], data_inputs[node.pk]
+        if node_type.max_inputs == 0 and count:
+            problems.append(f"node '{node.client_id}' ({node.type}) is a source and takes no inputs, but has {count}.")
+        elif count < node_type.min_inputs or (node_type.max_inputs is not None and count > node_type.max_inputs):
+            wanted = (f"exactly {node_type.min_inputs}" if node_type.min_inputs == node_type.max_inputs
+                      else f"at least {node_type.min_inputs}")
+            problems.append(f"node '{node.client_id}' ({node.type}) needs {wanted} data inputs, has {count}.")
+    if problems:
+        raise WorkflowInvalid(" ".join(problems), details={"errors": problems})
+    return nodes
+
+
+@transaction.atomic
+def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
+    """Checks the workflow can run, creates the run and one NodeRun per node (by wave), and
+    enqueues wave 0 after commit (eager Celery: the whole run happens then)."""
+    from workflows.tasks import run_wave_task
+
+    workflow = Workflow.objects.select_for_update().get(pk=workflow.pk)
+    nodes = workflow_run_check(workflow=workflow)
+    active = WorkflowRun.objects.filter(
+        workflow=workflow,
+        status__in=[WorkflowRun.Status.PENDING, WorkflowRun.Status.RUNNING],
+        created_at__gte=timezone.now() - ACTIVE_RUN_WINDOW,
+    ).first()
+    if active is not None:
+        raise Conflict(f"Run {active.pk} of this workflow is still {active.status}.", details={"run_id": active.pk})
+    by_pk = {node.pk: node.client_id for node in nodes}
+    edges = [(by_pk[s], by_pk[t]) for s, t in workflow.edges.values_list("source_id", "target_id")]
+    waves, _ = topological_waves(list(by_pk.values()), edges)
+    run = WorkflowRun.objects.create(workflow=workflow)
+    NodeRun.objects.bulk_create(
+        [NodeRun(run=run, node=node, wave=waves[node.client_id]) for node in nodes], batch_size=500
+    )
+    Node.objects.filter(workflow=workflow).update(status=Node.Status.PENDING)
+    transaction.on_commit(lambda: run_wave_task.delay(run.pk, 0))
+    return run
