@@ -7,6 +7,7 @@ from consolidation import views as consolidation_views
 from kinsite import views
 from memories import views as memory_views
 from sessions_app import views as session_views
+from workflows import views as workflow_views
 
 pages = [
     path("", views.home, name="home"),
@@ -30,6 +31,14 @@ pages = [
     path("sessions/<int:session_id>/introspection/", session_views.session_introspection,
          name="session_introspection"),
     path("sessions/<int:session_id>/checkpoint/", session_views.session_checkpoint, name="session_checkpoint"),
+    path("workflows/", workflow_views.workflow_list, name="workflows"),
+    path("workflows/<int:workflow_id>/", workflow_views.workflow_detail, name="workflow_detail"),
+    path("workflows/<int:workflow_id>/run/", workflow_views.workflow_run, name="workflow_run"),
+    # Client ids are free text (they may hold "/"), so they come last, as a path.
+    path("workflows/<int:workflow_id>/nodes/<path:client_id>/", workflow_views.node_inspector,
+         name="workflow_node"),
+    path("workflows/<int:workflow_id>/lineage/<str:fmt>/<path:client_id>/", workflow_views.node_lineage_download,
+         name="workflow_node_export"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
 ]

@@ -39,6 +39,28 @@ def node_lineage(*, workflow, client_id: str, check_self: bool = True):
     )
 
 
+def node_lineage_export(*, workflow, graph, fmt: str, namespace: str, max_chars: int = 2000):
+    """A node's lineage in one of the export formats, as the API and the dashboard serve
+    it. `namespace` (the workflow's API address) names the workflow in PROV and
+    OpenLineage; the OpenLineage run id is derived from the workflow's last run."""
+    import uuid
+
+    from workflows import lineage
+    from workflows.selectors import workflow_last_run
+
+    if fmt == "narrative":
+        return lineage.lineage_to_narrative(graph, max_chars=max_chars)
+    if fmt == "prov":
+        return lineage.lineage_to_prov(graph, workflow_name=workflow.name, namespace=namespace)
+    if fmt == "openlineage":
+        run = workflow_last_run(workflow=workflow)
+        run_key = f"{namespace}runs/{run.pk}" if run is not None else f"{namespace}never-ran"
+        event_time = (run.finished_at or run.started_at or run.created_at) if run is not None else timezone.now()
+        return lineage.lineage_to_openlineage(graph, workflow_name=workflow.name, namespace=namespace,
+                                              run_id=uuid.uuid5(uuid.NAMESPACE_URL, run_key), event_time=event_time)
+    return lineage.lineage_to_json(graph)
+
+
 def node_lineage_narrative(*, workflow, client_id: str, max_chars: int = 2000) -> str:
     """The narrative a node about to run sees as {{_lineage}}: its own results are about to be
     replaced, so only its upstream nodes can make it stale."""

@@ -1,10 +1,8 @@
 """API views for workflows (SPEC §11): list/create, read/replace/delete, run, and a node's
 lineage. Reads come from workflows.selectors (scoped to the token's team); writes go
 through workflows.services."""
-import uuid
 
 from django.db.models import Count
-from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.generics import ListAPIView
@@ -22,7 +20,7 @@ from workflows.api.serializers import (
     WorkflowSummarySerializer,
     workflow_detail,
 )
-from workflows.executor import node_lineage
+from workflows.executor import node_lineage, node_lineage_export
 from workflows.models import Workflow, WorkflowRun
 
 
@@ -118,8 +116,6 @@ class NodeLineageView(APIView):
                                                     "OpenLineage run events (openlineage).")},
     )
     def get(self, request, workflow_id, node_id):
-        from workflows import lineage
-
         workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
         selectors.node_get(workflow=workflow, client_id=node_id)
         params = LineageQuerySerializer(data=request.query_params)
@@ -128,20 +124,8 @@ class NodeLineageView(APIView):
         graph = node_lineage(workflow=workflow, client_id=node_id)
         # The workflow's API address names it in PROV and OpenLineage (a URI, as both expect).
         namespace = request.build_absolute_uri(f"/api/v1/workflows/{workflow.pk}/")
-        if fmt == "narrative":
-            payload = lineage.lineage_to_narrative(graph, max_chars=max_chars)
-        elif fmt == "prov":
-            payload = lineage.lineage_to_prov(graph, workflow_name=workflow.name, namespace=namespace)
-        elif fmt == "openlineage":
-            run = selectors.workflow_last_run(workflow=workflow)
-            run_key = f"{namespace}runs/{run.pk}" if run is not None else f"{namespace}never-ran"
-            event_time = (run.finished_at or run.started_at or run.created_at) if run is not None else timezone.now()
-            payload = lineage.lineage_to_openlineage(
-                graph, workflow_name=workflow.name, namespace=namespace,
-                run_id=uuid.uuid5(uuid.NAMESPACE_URL, run_key), event_time=event_time,
-            )
-        else:
-            payload = lineage.lineage_to_json(graph)
+        payload = node_lineage_export(workflow=workflow, graph=graph, fmt=fmt, namespace=namespace,
+                                      max_chars=max_chars)
         return Response(
             {"node_id": node_id, "format": fmt, "stale": graph.stale, "lineage": payload}
         )

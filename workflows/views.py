@@ -1,0 +1,183 @@
+"""Dashboard pages for workflows: the team's workflows, one workflow's graph (server-drawn
+SVG, node statuses and counts, a Run button) and a node's lineage inspector with its
+exports and latest results. Reads go through workflows.selectors (other teams' ids answer
+404); lineage through the same functions the API uses (node_lineage, lineage.*); runs
+through workflows.services.workflow_run_start."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from django.db.models import Count, OuterRef, Subquery
+from django.http import Http404, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from kinsite.errors import KinsiteError
+from kinsite.views import team_required
+from workflows import lineage, registry, selectors, services
+from workflows.api.serializers import LINEAGE_MAX_CHARS_LIMIT
+from workflows import executor
+from workflows.executor import node_lineage
+from workflows.layout import layout_graph
+from workflows.models import Node, Workflow, WorkflowRun
+
+# Past this many nodes the drawing is unreadable and heavy; the table still lists them all.
+MAX_DRAWN_NODES = 400
+NARRATIVE_MAX_CHARS_CHOICES = [500, 1000, 2000, 4000, 8000]
+NARRATIVE_DEFAULT_MAX_CHARS = 2000
+RESULT_PREVIEW_RECORDS = 20
+RESULT_PREVIEW_COLUMNS = 12
+EXPORT_FORMATS = ("json", "prov", "openlineage")
+ACTIVE_RUN_STATUSES = {WorkflowRun.Status.PENDING, WorkflowRun.Status.RUNNING}
+
+
+@team_required
+def workflow_list(request):
+    last_run = WorkflowRun.objects.filter(workflow=OuterRef("pk")).order_by("-created_at", "-id")
+    # One query for the page, however many workflows: counts and last run as subqueries.
+    workflows = selectors.workflow_list(team=request.team).annotate(
+        node_count=Count("nodes", distinct=True),
+        last_run_status=Subquery(last_run.values("status")[:1]),
+        last_run_at=Subquery(last_run.values("created_at")[:1]),
+    )
+    return render(request, "workflows/workflow_list.html", {"workflows": workflows})
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node: Node
+    description: str  # registry.describe: the same sentence the API shows
+
+
+def _detail_context(workflow: Workflow) -> dict:
+    """The graph, its drawing and the node table: three queries whatever the size."""
+    nodes = selectors.workflow_nodes(workflow=workflow)
+    client_ids = {node.pk: node.client_id for node in nodes}
+    edge_rows = list(workflow.edges.order_by("id").values_list("source_id", "target_id", "kind"))
+    pairs = [(client_ids[s], client_ids[t]) for s, t, _ in edge_rows]
+    kinds: dict[tuple[str, str], str] = {}
+    for (source, target), (_, _, kind) in zip(pairs, edge_rows):
+        # Two nodes joined by a data and a control edge draw one line: the data one.
+        if kinds.get((source, target)) != "data":
+            kinds[(source, target)] = kind
+    drawn = len(nodes) <= MAX_DRAWN_NODES
+    layout = layout_graph([node.client_id for node in nodes], pairs) if drawn and nodes else None
+    by_id = {node.client_id: node for node in nodes}
+    return {
+        "workflow": workflow,
+        "rows": [
+            NodeRow(node, registry.describe(node.type, node.config, label=node.label,
+                                            records_in=node.records_in, records_out=node.records_out))
+            for node in nodes
+        ],
+        "layout": layout,
+        "boxes": [(box, by_id[box.id]) for box in layout.boxes] if layout else [],
+        "lines": [(line, kinds[(line.source, line.target)]) for line in layout.lines] if layout else [],
+        "too_many_to_draw": not drawn,
+        "max_drawn_nodes": MAX_DRAWN_NODES,
+        "last_run": selectors.workflow_last_run(workflow=workflow),
+        "active_statuses": ACTIVE_RUN_STATUSES,
+    }
+
+
+@team_required
+def workflow_detail(request, workflow_id: int):
+    workflow = selectors.workflow_get(team=request.team, workflow_id=workflow_id)
+    context = _detail_context(workflow)
+    context["started"] = request.GET.get("started", "")
+    return render(request, "workflows/workflow_detail.html", context)
+
+
+@require_POST
+@team_required
+def workflow_run(request, workflow_id: int):
+    """Starts a run and goes back to the graph; a workflow that cannot run (unknown node
+    types, wrong inputs: 400) or is already running (409) shows the reason on the page."""
+    workflow = selectors.workflow_get(team=request.team, workflow_id=workflow_id)
+    try:
+        run = services.workflow_run_start(workflow=workflow)
+    except KinsiteError as exc:
+        context = _detail_context(workflow)
+        context["run_error"] = exc.message
+        return render(request, "workflows/workflow_detail.html", context, status=exc.status)
+    return redirect(reverse("dashboard:workflow_detail", args=[workflow.pk]) + f"?started={run.pk}")
+
+
+def _max_chars(value: str) -> int:
+    # Forgiving like the other pages: a value out of range (an old link) means the default.
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return NARRATIVE_DEFAULT_MAX_CHARS
+    return number if 100 <= number <= LINEAGE_MAX_CHARS_LIMIT else NARRATIVE_DEFAULT_MAX_CHARS
+
+
+def _cell(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _results_preview(records: list, preferred: object = None) -> tuple[list[str], list[list[str]]]:
+    """Columns and cells of the first records: the node's configured columns (a table
+    output's) first, then the other keys alphabetically, since PostgreSQL's jsonb does not
+    keep key order. A record that is not an object shows as one "value" cell."""
+    shown = records[:RESULT_PREVIEW_RECORDS]
+    keys: set[str] = set()
+    for record in shown:
+        keys.update(record if isinstance(record, dict) else ["value"])
+    first = [c for c in preferred if isinstance(c, str) and c in keys] if isinstance(preferred, list) else []
+    columns = list(dict.fromkeys(first + sorted(keys)))[:RESULT_PREVIEW_COLUMNS]
+    rows = [
+        [_cell(record.get(column, "")) if isinstance(record, dict) else
+         (_cell(record) if column == "value" else "") for column in columns]
+        for record in shown
+    ]
+    return columns, rows
+
+
+@team_required
+def node_inspector(request, workflow_id: int, client_id: str):
+    workflow = selectors.workflow_get(team=request.team, workflow_id=workflow_id)
+    node = selectors.node_get(workflow=workflow, client_id=client_id)
+    max_chars = _max_chars(request.GET.get("max_chars", ""))
+    graph = node_lineage(workflow=workflow, client_id=node.client_id)
+    result = selectors.node_result(node=node)
+    records = result.records if result is not None and isinstance(result.records, list) else []
+    configured = node.config.get("columns") if isinstance(node.config, dict) else None
+    columns, cells = _results_preview(records, configured)
+    choices = sorted({*NARRATIVE_MAX_CHARS_CHOICES, max_chars})
+    context = {
+        "workflow": workflow,
+        "node": node,
+        "description": registry.describe(node.type, node.config, label=node.label,
+                                         records_in=node.records_in, records_out=node.records_out),
+        "graph": graph,
+        "narrative": lineage.lineage_to_narrative(graph, max_chars=max_chars),
+        "max_chars": max_chars,
+        "max_chars_choices": choices,
+        "result": result,
+        "record_count": len(records),
+        "columns": columns,
+        "cells": cells,
+        "export_formats": EXPORT_FORMATS,
+    }
+    return render(request, "workflows/node_inspector.html", context)
+
+
+@team_required
+def node_lineage_download(request, workflow_id: int, client_id: str, fmt: str):
+    """The lineage as a JSON download (the API needs a token; the dashboard has a session)."""
+    if fmt not in EXPORT_FORMATS:
+        raise Http404("Unknown export format.")
+    workflow = selectors.workflow_get(team=request.team, workflow_id=workflow_id)
+    node = selectors.node_get(workflow=workflow, client_id=client_id)
+    graph = node_lineage(workflow=workflow, client_id=node.client_id)
+    # PROV and OpenLineage name the workflow by its API address, as the API's exports do.
+    namespace = request.build_absolute_uri(reverse("workflow-detail", args=[workflow.pk]))
+    payload = executor.node_lineage_export(workflow=workflow, graph=graph, fmt=fmt, namespace=namespace)
+    safe_id = re.sub(r"[^A-Za-z0-9_.-]+", "_", node.client_id).strip("._") or "node"
+    response = JsonResponse(payload, safe=False, json_dumps_params={"ensure_ascii": False, "indent": 2})
+    response["Content-Disposition"] = f'attachment; filename="workflow-{workflow.pk}-{safe_id}-lineage-{fmt}.json"'
+    return response
