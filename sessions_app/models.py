@@ -43,6 +43,10 @@ class Session(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     last_activity_at = models.DateTimeField(default=timezone.now)
+    # A session attached to a workflow gets CURRENT CANVAS in its prompt (SPEC §9).
+    workflow = models.ForeignKey(
+        "workflows.Workflow", null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions"
+    )
     # True while the session has events introspection has not seen yet; the idle
     # scan reads only these rows (partial index), whatever the number of sessions.
     introspection_pending = models.BooleanField(default=False)

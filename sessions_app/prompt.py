@@ -2,6 +2,7 @@
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 
@@ -275,6 +276,16 @@ def render_section(title: str, text: str) -> str:
     return f"## {title}\n\n{text}"
 
 
+# Sections whose text repeats turn after turn for a kin: their token counts are kept by
+# text (and counter), so a turn does not count the same ~500 tokens again.
+STABLE_SECTIONS = frozenset({"identity", "instructions", "platforms", "experience"})
+
+
+@lru_cache(maxsize=256)
+def _stable_tokens(count_tokens: Callable[[str], int], rendered: str) -> int:
+    return count_tokens(rendered)
+
+
 def build_sections(inputs: PromptInputs, *, count_tokens: Callable[[str], int]) -> list[Section]:
     """The SPEC §4 sections in their fixed order, stable ones first, empty ones omitted.
     A section's token count covers its rendered block (heading included), so the sum
@@ -298,7 +309,8 @@ def build_sections(inputs: PromptInputs, *, count_tokens: Callable[[str], int]) 
     for section_id, title in SECTION_TITLES.items():
         text = texts[section_id].strip()
         if text:
-            tokens = count_tokens(render_section(title, text))
+            rendered = render_section(title, text)
+            tokens = _stable_tokens(count_tokens, rendered) if section_id in STABLE_SECTIONS else count_tokens(rendered)
             sections.append(Section(id=section_id, title=title, text=text, tokens=tokens))
     return sections
 

@@ -3,6 +3,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from kinsite.tokencount import count_tokens
 from memories.models import Memory
@@ -125,3 +126,18 @@ def test_preview_keeps_tool_calls_with_their_results(api_client, chat_session, k
 
     # Call + result (1,200 tokens) do not fit next to the newest messages: both go, never one alone.
     assert [item["kind"] for item in body["history"]] == ["message", "message"]
+
+
+def test_preview_history_carries_the_stored_times(api_client, chat_session):
+    # History rows are read as plain rows (not Event instances), their times parsed on use:
+    # the preview still shows each stored message's own time, and the state its age.
+    at = timezone.now() - timedelta(days=2, hours=1, microseconds=123)
+    stored = MessageFactory(session=chat_session, content="earlier", created_at=at)
+    MessageFactory(session=chat_session, content="later", created_at=at + timedelta(days=1))
+
+    body = preview(api_client, chat_session).json()
+
+    assert [item["content"] for item in body["history"]] == ["earlier", "later"]
+    assert parse_datetime(body["history"][0]["created_at"]) == stored.created_at
+    sections = {s["id"]: s["text"] for s in body["sections"]}
+    assert "Oldest visible message: 2d ago" in sections["conversation_state"]

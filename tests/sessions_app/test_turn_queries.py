@@ -83,5 +83,7 @@ def test_turn_and_preview_queries_do_not_grow_with_history_or_memories(team, fak
     assert len(set(turn_counts)) == 1, turn_counts
     assert len(set(preview_counts)) == 1, preview_counts
     # And the fixed number is small (reads, the stored events, the gateway's call log).
-    assert turn_counts[0] <= 40, turn_counts
-    assert preview_counts[0] <= 10, preview_counts
+    # 2026-12-02: the newest summary comes with the session row and the served memories are
+    # read back by their retrieval-count UPDATE (37 and 8 on PostgreSQL, 35 and 7 on SQLite).
+    assert turn_counts[0] <= 37, turn_counts
+    assert preview_counts[0] <= 8, preview_counts
