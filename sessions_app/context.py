@@ -35,6 +35,7 @@ from sessions_app.prompt import (
     render_system_prompt,
     total_tokens,
 )
+from workflows.selectors import workflow_canvas
 
 HISTORY_KINDS = (Event.Kind.MESSAGE, Event.Kind.TOOL_CALL, Event.Kind.TOOL_RESULT)
 # The most events a prompt's history is chosen from, whatever the budget, so reading
@@ -258,7 +259,7 @@ def prompt_inputs_for(
     # row (subqueries), not as queries of their own: a turn's query count is fixed and
     # small (SPEC §14).
     session = _with_newest_summary(
-        Session.objects.select_related("kin", "kin__team", "kin__parent")
+        Session.objects.select_related("kin", "kin__team", "kin__parent", "workflow")
         .annotate(experience_markdown=experience_markdown_subquery("kin_id"))
     ).get(pk=session.pk)
     kin = session.kin
@@ -319,9 +320,9 @@ def prompt_inputs_for(
             parent_name=kin.parent.name if kin.parent is not None else None, spawn_reason=kin.spawn_reason,
         ),
         experience_markdown=experience_nested(session.experience_markdown or ""),
-        # The canvas (workflows) comes with its feature.
         memories=memories,
-        canvas="",
+        # Read per turn (three queries, whatever the workflow's size), never stored.
+        canvas=workflow_canvas(workflow=session.workflow) if session.workflow is not None else "",
         participants=[
             Participant(name=name, platform=where, message_count=count, last_active_at=last_at)
             for (name, where), (count, last_at) in sorted(

@@ -1,5 +1,6 @@
-"""The kin's tools in a chat turn (SPEC §4): the memory tools, `search_history` and
-`record_learning` (a pending fact for the nightly consolidation, SPEC §8).
+"""The kin's tools in a chat turn (SPEC §4): the memory tools, `search_history`,
+`record_learning` (a pending fact for the nightly consolidation, SPEC §8) and, in a
+session attached to a workflow, `workflow_lineage` (SPEC §9).
 
 Every handler takes a memories.tools.ToolContext and the raw arguments string, and
 returns text for the model ("Error: ..." for unusable arguments, never an exception);
@@ -12,7 +13,7 @@ from django.conf import settings
 
 from consolidation.models import Fact
 from consolidation.services import STATEMENT_MAX_CHARS, fact_record
-from memories.tools import MemoryTool, ToolContext, memory_toolset, tool_from
+from memories.tools import MemoryTool, ToolArgumentError, ToolContext, memory_toolset, tool_from
 from sessions_app.selectors import history_search
 
 SEARCH_HISTORY_MAX_LIMIT = 20
@@ -82,13 +83,64 @@ def _record_learning(context: ToolContext, args: dict[str, Any]) -> dict[str, An
     return {"status": "recorded", "fact": {"id": fact.pk, "category": fact.category, "statement": fact.statement}}
 
 
+LINEAGE_MAX_CHARS = 8_000
+LINEAGE_DEFAULT_CHARS = 2_000
+
+WORKFLOW_LINEAGE_SCHEMA: dict[str, Any] = {
+    "name": "workflow_lineage",
+    "description": "How the records of a node of the workflow this session is attached to came to be: "
+                   "its upstream steps in order, with their parameters and record counts, and a warning "
+                   "when upstream settings changed since the records were produced.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "node": {"type": "string", "minLength": 1, "maxLength": 100,
+                     "description": "The node's id, as listed in CURRENT CANVAS."},
+            "format": {"type": "string", "enum": ["narrative", "json"],
+                       "description": "narrative (numbered steps, the default) or json (the lineage graph)."},
+            "max_chars": {"type": "integer", "minimum": 200, "maximum": LINEAGE_MAX_CHARS,
+                          "description": f"Length limit of the narrative (default {LINEAGE_DEFAULT_CHARS})."},
+        },
+        "required": ["node"],
+        "additionalProperties": False,
+    },
+}
+
+
+def _workflow_lineage_tool(workflow_id: int) -> MemoryTool:
+    # Bound to the session's workflow here, so ToolContext stays the memory tools' context.
+    def run(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+        from workflows.executor import node_lineage, node_lineage_export
+        from workflows.models import Node, Workflow
+
+        workflow = Workflow.objects.filter(pk=workflow_id, team=context.team).first()
+        if workflow is None:
+            raise ToolArgumentError("this session's workflow no longer exists.")
+        try:
+            graph = node_lineage(workflow=workflow, client_id=args["node"])
+        except ValueError:
+            ids = list(Node.objects.filter(workflow=workflow).order_by("id").values_list("client_id", flat=True)[:31])
+            listed = ", ".join(ids[:30]) + (", …" if len(ids) > 30 else "")
+            raise ToolArgumentError(f"no node {args['node']!r} in workflow {workflow.name!r}; its nodes: {listed}.")
+        fmt = args.get("format", "narrative")
+        lineage = node_lineage_export(workflow=workflow, graph=graph, fmt=fmt, namespace="",
+                                      max_chars=args.get("max_chars", LINEAGE_DEFAULT_CHARS))
+        key = "narrative" if fmt == "narrative" else "lineage"
+        return {"workflow": workflow.pk, "node": args["node"], "stale": graph.stale, key: lineage}
+
+    return tool_from(WORKFLOW_LINEAGE_SCHEMA, run)
+
+
 SEARCH_HISTORY_TOOL = tool_from(SEARCH_HISTORY_SCHEMA, _search_history)
 RECORD_LEARNING_TOOL = tool_from(RECORD_LEARNING_SCHEMA, _record_learning)
 
 
-def kin_toolset() -> dict[str, MemoryTool]:
-    """The tools a kin may call in a chat turn, by name. workflow_lineage joins with workflows."""
+def kin_toolset(*, workflow_id: int | None = None) -> dict[str, MemoryTool]:
+    """The tools a kin may call in a chat turn, by name; `workflow_lineage` only in a session
+    attached to a workflow (pass its `workflow_id`)."""
     tools = dict(memory_toolset("kin"))
     tools["search_history"] = SEARCH_HISTORY_TOOL
     tools["record_learning"] = RECORD_LEARNING_TOOL
+    if workflow_id is not None:
+        tools["workflow_lineage"] = _workflow_lineage_tool(workflow_id)
     return tools

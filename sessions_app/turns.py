@@ -220,7 +220,7 @@ def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock
     turn.prompt_tokens = prompt.total_tokens
     Turn.objects.filter(pk=turn.pk).update(prompt_tokens=turn.prompt_tokens)
     messages = list(prompt.messages)
-    tools = kin_toolset()
+    tools = kin_toolset(workflow_id=session.workflow_id)
     schemas = [tool.schema for tool in tools.values()]
     context = ToolContext(
         team=kin.team, kin=kin, actor=Actor(label=f"kin:{kin.pk} turn:{turn.pk}"),

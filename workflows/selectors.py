@@ -73,3 +73,17 @@ def workflow_graph_info(*, workflow: Workflow):
         for source, target, kind in workflow.edges.order_by("id").values_list("source_id", "target_id", "kind")
     ]
     return GraphInfo(nodes=infos, edges=edges)
+
+
+def workflow_canvas(*, workflow: Workflow, max_chars: int | None = None) -> str:
+    """CURRENT CANVAS for a session attached to `workflow` (SPEC §9): the graph is read once
+    (the three queries of workflow_graph_info, whatever its size); computed per turn, never stored."""
+    from django.conf import settings
+
+    from workflows.canvas import canvas_text
+    from workflows.executor import describe_node_info
+
+    return canvas_text(
+        workflow_name=workflow.name, graph=workflow_graph_info(workflow=workflow), describe=describe_node_info,
+        max_chars=settings.CANVAS_MAX_CHARS if max_chars is None else max_chars,
+    )

@@ -27,6 +27,7 @@ from consolidation.models import ConsolidationRun, Fact
 from kinsite.api.auth import request_team
 from kinsite.api.errors import error_body
 from kinsite.api.pagination import DefaultCursorPagination
+from kinsite.api.throttles import TokenRateThrottle
 from kinsite.errors import NotFound
 from sessions_app.selectors import kin_get
 
@@ -85,6 +86,9 @@ class KinFactListView(ListAPIView):
 
 
 class KinConsolidateView(APIView):
+    throttle_classes = [TokenRateThrottle]
+    throttle_scope = "jobs"
+
     @extend_schema(
         request=ConsolidateSerializer,
         responses={
@@ -141,7 +145,9 @@ class KinConsolidationListView(ListAPIView):
         return runs
 
     @extend_schema(
-        parameters=[ConsolidationListQuerySerializer], responses={200: ConsolidationRunDetailSerializer(many=True)}
+        parameters=[ConsolidationListQuerySerializer],
+        # The summary; with ?full=true each run also has rendered_prompt and raw_answers.
+        responses={200: ConsolidationRunSerializer(many=True)},
     )
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)

@@ -1,7 +1,7 @@
 """API views for a kin's memories, one memory, its change log and memory search.
 Reads come from memories.selectors (scoped to the token's team); writes go through
 memories.services with the token as the actor."""
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
@@ -161,7 +161,7 @@ class KinMemorySearchView(APIView):
             OpenApiParameter("q", str, required=True, description="Search text (plain words; operators are ignored)."),
             OpenApiParameter("limit", int, required=False),
         ],
-        responses={200: MemoryHitSerializer(many=True)},
+        responses={200: inline_serializer("MemorySearchResults", {"results": MemoryHitSerializer(many=True)})},
     )
     def get(self, request, kin_id):
         team = request_team(request)

@@ -3,6 +3,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from sessions_app.models import Event, IntrospectionRun, Kin, Session, Turn
+from workflows.models import Workflow
 
 
 class KinSerializer(serializers.ModelSerializer):
@@ -59,6 +60,10 @@ class KinSerializer(serializers.ModelSerializer):
 class SessionSerializer(serializers.ModelSerializer):
     kin = serializers.PrimaryKeyRelatedField(read_only=True)
     message_count = serializers.SerializerMethodField()
+    workflow = serializers.PrimaryKeyRelatedField(
+        queryset=Workflow.objects.none(), required=False, allow_null=True,
+        help_text="A workflow of the team: each turn's prompt then carries its CURRENT CANVAS.",
+    )
 
     class Meta:
         model = Session
@@ -69,6 +74,7 @@ class SessionSerializer(serializers.ModelSerializer):
             "description",
             "working_memory",
             "message_count",
+            "workflow",
             "created_at",
             "updated_at",
             "last_activity_at",
@@ -82,6 +88,12 @@ class SessionSerializer(serializers.ModelSerializer):
             "updated_at",
             "last_activity_at",
         ]
+
+    def __init__(self, *args, team=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if team is not None:
+            # Another team's workflow looks like an unknown id.
+            self.fields["workflow"].queryset = Workflow.objects.filter(team=team)
 
     def get_message_count(self, session) -> int:
         return session.events.filter(kind=Event.Kind.MESSAGE).count()
@@ -156,8 +168,9 @@ class MessagePostSerializer(serializers.Serializer):
 class TurnSerializer(serializers.ModelSerializer):
     # A plain string in the schema: as an enum, "status" would collide with Memory's status enum.
     status = serializers.CharField(read_only=True, help_text="pending, running, done or failed.")
-    message = MessageSerializer(source="user_message", read_only=True)
-    reply = MessageSerializer(read_only=True)
+    # Null until stored: no reply yet (pending, failed); a deleted message leaves none.
+    message = MessageSerializer(source="user_message", read_only=True, allow_null=True)
+    reply = MessageSerializer(read_only=True, allow_null=True)
     command = serializers.SerializerMethodField()
     new_session_id = serializers.SerializerMethodField()
     tool_call_limit_reached = serializers.SerializerMethodField()

@@ -1,13 +1,15 @@
 """API views for kins, sessions, messages, imports, history search, chat turns and the prompt preview."""
+from django.db import transaction
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import mixins, status, viewsets
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
+from kinsite.api.throttles import TokenRateThrottle
 from sessions_app import introspection, selectors, services, turns
 from sessions_app.context import PENDING_MESSAGE_ID, prompt_assemble
 from sessions_app.models import Event, IntrospectionRun, Kin, Session, Turn
@@ -26,6 +28,19 @@ from sessions_app.api.serializers import (
     MessageSerializer,
     SessionSerializer,
 )
+
+
+# Response envelopes, named once so the schema has one component each.
+TURN_POSTED = inline_serializer("TurnPosted", {
+    "message": MessageSerializer(),
+    "reply": MessageSerializer(allow_null=True),
+    "turn": TurnSerializer(),
+    "new_session_id": serializers.IntegerField(required=False, help_text="After /new: the session to continue in."),
+    "new_session": SessionSerializer(required=False),
+})
+TURN_QUEUED = inline_serializer("TurnQueued", {"turn": TurnSerializer()})
+HISTORY_SEARCH_RESULTS = inline_serializer("HistorySearchResults", {"results": HistoryHitSerializer(many=True)})
+CHECKPOINT_QUEUED = inline_serializer("CheckpointQueued", {"run": IntrospectionRunSerializer()})
 
 
 class KinViewSet(viewsets.ModelViewSet):
@@ -56,9 +71,16 @@ class KinSessionCreateView(APIView):
     @extend_schema(request=SessionSerializer, responses={201: SessionSerializer})
     def post(self, request, kin_id):
         kin = selectors.kin_get(team=request_team(request), kin_id=kin_id)
-        serializer = SessionSerializer(data=request.data)
+        serializer = SessionSerializer(data=request.data, team=kin.team)
         serializer.is_valid(raise_exception=True)
-        session = services.session_create(kin=kin, **serializer.validated_data)
+        data = dict(serializer.validated_data)
+        workflow = data.pop("workflow", None)
+        with transaction.atomic():
+            session = services.session_create(kin=kin, **data)
+            if workflow is not None:
+                # TODO: move into services.session_create(workflow=...) (sessions_app/services.py).
+                session.workflow = workflow
+                session.save(update_fields=["workflow"])
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
 
@@ -76,6 +98,8 @@ class SessionMessageListView(ListAPIView):
 
     serializer_class = MessageSerializer
     pagination_class = ChronologicalCursorPagination
+    throttle_classes = [TokenRateThrottle]  # POST only (the chat turn); reads are not limited
+    throttle_scope = "chat"
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
@@ -87,8 +111,8 @@ class SessionMessageListView(ListAPIView):
         request=MessagePostSerializer,
         parameters=[OpenApiParameter("async", str, required=False, description="1: answer 202 with a turn to poll.")],
         responses={
-            201: OpenApiResponse(description="{message, reply, turn}"),
-            202: OpenApiResponse(description="{turn}"),
+            201: OpenApiResponse(TURN_POSTED, description="The turn ran: the stored message, the reply, the turn."),
+            202: OpenApiResponse(TURN_QUEUED, description="?async=1: the queued turn, to poll at /turns/{id}/."),
             502: OpenApiResponse(description="The model failed; the message is stored and the turn says why."),
         },
     )
@@ -157,7 +181,7 @@ class SessionPromptPreviewView(APIView):
             ],
             "system_prompt": prompt.messages[0]["content"],
             "history": history,
-            "tools": list(kin_toolset()),
+            "tools": list(kin_toolset(workflow_id=session.workflow_id)),
             "totals": {
                 "system_tokens": prompt.system_tokens,
                 "history_tokens": prompt.history_tokens,
@@ -198,14 +222,14 @@ class _HistorySearchView(APIView):
 
 
 class SessionHistorySearchView(_HistorySearchView):
-    @extend_schema(parameters=SEARCH_PARAMETERS, responses={200: HistoryHitSerializer(many=True)})
+    @extend_schema(parameters=SEARCH_PARAMETERS, responses={200: HISTORY_SEARCH_RESULTS})
     def get(self, request, session_id):
         session = selectors.session_get(team=request_team(request), session_id=session_id)
         return self.search(request, session=session)
 
 
 class KinHistorySearchView(_HistorySearchView):
-    @extend_schema(parameters=SEARCH_PARAMETERS, responses={200: HistoryHitSerializer(many=True)})
+    @extend_schema(parameters=SEARCH_PARAMETERS, responses={200: HISTORY_SEARCH_RESULTS})
     def get(self, request, kin_id):
         kin = selectors.kin_get(team=request_team(request), kin_id=kin_id)
         return self.search(request, kin=kin)
@@ -215,10 +239,13 @@ class SessionCheckpointView(APIView):
     """POST: introspect the session now (SPEC §7). Answers 202 with the queued run (an
     already queued run is reused); poll GET /sessions/{id}/introspections/ for its outcome."""
 
+    throttle_classes = [TokenRateThrottle]
+    throttle_scope = "jobs"
+
     @extend_schema(
         request=None,
         responses={
-            202: OpenApiResponse(IntrospectionRunSerializer, description="{run}"),
+            202: OpenApiResponse(CHECKPOINT_QUEUED, description="The queued (or, with eager Celery, finished) run."),
             409: OpenApiResponse(description="Introspection is disabled for the session's kin."),
         },
     )

@@ -43,7 +43,9 @@ def test_run_command_serves_dashboard_and_healthz_with_demo_data(tmp_path):
     second = json.loads(manage("create_demo", env=env).strip().splitlines()[-1])
     assert set(first) == {"token", "team", "kin_id", "session_id", "workflow_id", "dashboard_user", "dashboard_password"}
     # Idempotent: the same rows, a fresh token each time.
-    assert (first["kin_id"], first["session_id"]) == (second["kin_id"], second["session_id"])
+    assert (first["kin_id"], first["session_id"], first["workflow_id"]) == (
+        second["kin_id"], second["session_id"], second["workflow_id"])
+    assert isinstance(first["workflow_id"], int)
     assert first["token"] != second["token"]
 
     port = free_port()
@@ -85,6 +87,12 @@ def test_run_command_serves_dashboard_and_healthz_with_demo_data(tmp_path):
         assert len(memories) == 4
         assert all(len(httpx.get(f"{base}/api/v1/memories/{m['id']}/history/", headers=auth).json()["results"]) == 1
                    for m in memories)
+        # The demo workflow exists, ran once (eager Celery) and the demo session is attached to it.
+        workflow = httpx.get(f"{base}/api/v1/workflows/{first['workflow_id']}/", headers=auth)
+        assert workflow.status_code == 200
+        assert {node["status"] for node in workflow.json()["nodes"]} == {"done"}
+        session = httpx.get(f"{base}/api/v1/sessions/{first['session_id']}/", headers=auth).json()
+        assert session["workflow"] == first["workflow_id"]
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -82,8 +82,10 @@ def not_eager(settings):
     """This test's requests enqueue to Redis instead of running tasks in-process."""
     if not settings.REDIS_URL:
         pytest.skip("needs REDIS_URL (the Celery broker)")
-    settings.CELERY_TASK_ALWAYS_EAGER = False
+    # Read Celery's value before touching settings: its config is loaded lazily from
+    # Django settings, so reading it afterwards would "restore" the override.
     previous = celery_app.conf.task_always_eager
+    settings.CELERY_TASK_ALWAYS_EAGER = False
     celery_app.conf.task_always_eager = False
     yield
     celery_app.conf.task_always_eager = previous

@@ -3,7 +3,7 @@ lineage. Reads come from workflows.selectors (scoped to the token's team); write
 through workflows.services."""
 
 from django.db.models import Count
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.generics import ListAPIView
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -79,7 +79,7 @@ class WorkflowRunView(APIView):
     @extend_schema(
         request=None,
         responses={
-            202: WorkflowRunSerializer,
+            202: inline_serializer("WorkflowRunStarted", {"run": WorkflowRunSerializer()}),
             400: OpenApiResponse(description="Unknown node types, or nodes with the wrong number of inputs."),
             409: OpenApiResponse(description="A run of this workflow is still going."),
         },

@@ -1,4 +1,5 @@
-"""python manage.py create_demo: demo team, user, kin, session and messages.
+"""python manage.py create_demo: demo team, user, kin, session and messages, and a demo
+workflow (run once) that the session is attached to, so its prompt carries CURRENT CANVAS.
 Idempotent (a second run reuses the rows); the last line of output is one JSON
 object with a freshly issued API token, for scripts."""
 import json
@@ -12,12 +13,31 @@ from memories.services import Actor, memory_add
 from kinsite.services import api_token_issue, demo_user_ensure, membership_ensure, team_create
 from sessions_app.models import Kin, Session
 from sessions_app.services import ImportItem, kin_create, messages_import, session_create
+from workflows.models import Workflow
+from workflows.services import document_clean, workflow_create, workflow_run_start
 
 DEMO_TEAM_SLUG = "demo"
 DEMO_USERNAME = "demo"
 DEMO_PASSWORD = "kinsite-demo"
 DEMO_KIN_NAME = "Ada"
 DEMO_SESSION_TITLE = "Welcome chat"
+DEMO_WORKFLOW = {
+    "name": "Customer export cleanup",
+    "description": "Keeps the active customers of the CSV export for the quarterly report.",
+    "nodes": [
+        {"id": "customers", "type": "inline_records", "label": "Customer export", "config": {"records": [
+            {"customer_id": 1, "name": "Northwind Traders", "active": True},
+            {"customer_id": 2, "name": "Contoso", "active": False},
+            {"customer_id": 3, "name": "Fabrikam", "active": True},
+            {"customer_id": 4, "name": "Tailspin Toys", "active": True},
+        ]}},
+        {"id": "active", "type": "filter", "label": "Active customers",
+         "config": {"conditions": [{"field": "active", "op": "eq", "value": True}]}},
+        {"id": "report", "type": "table_output", "label": "Quarterly report",
+         "config": {"columns": ["customer_id", "name"]}},
+    ],
+    "edges": [{"source": "customers", "target": "active"}, {"source": "active", "target": "report"}],
+}
 
 DEMO_MESSAGES = [
     ("Maria", "user", "Hi Ada! I'm Maria, I run the data team at Northwind."),
@@ -59,6 +79,15 @@ class Command(BaseCommand):
         session = Session.objects.filter(kin=kin, title=DEMO_SESSION_TITLE).first()
         if session is None:
             session = session_create(kin=kin, title=DEMO_SESSION_TITLE)
+        workflow = Workflow.objects.filter(team=team, name=DEMO_WORKFLOW["name"]).first()
+        if workflow is None:
+            workflow = workflow_create(team=team, document=document_clean(DEMO_WORKFLOW))
+            # Enqueued after commit: with eager Celery (the embedded default) the run is
+            # finished when the command returns; with a broker a worker runs it.
+            workflow_run_start(workflow=workflow)
+        if session.workflow_id is None:
+            session.workflow = workflow
+            session.save(update_fields=["workflow"])
         messages_import(
             session=session,
             items=[
@@ -74,7 +103,8 @@ class Command(BaseCommand):
                     actor=Actor(label="command:create_demo"),
                 )
         _, raw_token = api_token_issue(team=team, name="create_demo", user=user)
-        self.stdout.write(f"Demo team {team.slug!r}, kin {kin.name!r} (id {kin.pk}), session {session.pk}.")
+        self.stdout.write(f"Demo team {team.slug!r}, kin {kin.name!r} (id {kin.pk}), session {session.pk}, "
+                          f"workflow {workflow.pk}.")
         self.stdout.write(
             json.dumps(
                 {
@@ -82,8 +112,7 @@ class Command(BaseCommand):
                     "team": team.slug,
                     "kin_id": kin.pk,
                     "session_id": session.pk,
-                    # The workflows app arrives with its own issue; until then there is none.
-                    "workflow_id": None,
+                    "workflow_id": workflow.pk,
                     "dashboard_user": DEMO_USERNAME,
                     "dashboard_password": DEMO_PASSWORD,
                 }

@@ -1,0 +1,58 @@
+"""Per-token rate limits for the endpoints that call a model or start a job (SPEC §13).
+
+A view opts in with `throttle_classes = [TokenRateThrottle]` and `throttle_scope = "chat"`
+(or "jobs"); the scope's rate is `settings.API_THROTTLE_RATES[scope]` (API_RATE_CHAT,
+API_RATE_JOBS). The bucket is the API token, not the IP or the user: one script with
+one token gets its own allowance, and two tokens of a team do not share one.
+"""
+from django.conf import settings
+from rest_framework import exceptions
+from rest_framework.permissions import SAFE_METHODS
+from rest_framework.throttling import SimpleRateThrottle
+
+
+class TokenRateThrottle(SimpleRateThrottle):
+    """DRF's sliding-window throttle, keyed by the token id, in Django's cache (Redis with
+    REDIS_URL, so every web process counts against the same window; the local-memory
+    cache otherwise). The window's read-modify-write is not atomic, so a burst of
+    concurrent requests across processes may overshoot the limit by a few: acceptable for
+    a guard against runaway clients, and it keeps DRF's well-known semantics."""
+
+    cache_format = "throttle:%(scope)s:token:%(ident)s"
+
+    def __init__(self):
+        # The scope comes from the view, so the rate is resolved in allow_request.
+        pass
+
+    def get_rate(self):
+        # Read per request (not at import, as DRF's THROTTLE_RATES is), so settings
+        # overrides apply. An empty rate means: no limit for the scope.
+        return settings.API_THROTTLE_RATES.get(self.scope) or None
+
+    def allow_request(self, request, view):
+        # Reads are never limited: GET /sessions/{id}/messages/ shares its view with the chat post.
+        if request.method in SAFE_METHODS:
+            return True
+        self.scope = getattr(view, "throttle_scope", None)
+        if not self.scope:
+            return True
+        self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        return super().allow_request(request, view)
+
+    def get_cache_key(self, request, view):
+        token = getattr(request.user, "token", None)
+        if token is None:
+            return None  # not a token request: authentication has answered 401 already
+        # The id names the token; the digest's head makes the key unique for good, since
+        # ids repeat where rows are rolled back or a database is recreated (tests) while
+        # the cache lives on.
+        return self.cache_format % {"scope": self.scope, "ident": f"{token.pk}-{token.digest[:12]}"}
+
+    def throttle_failure(self):
+        # Raised here rather than returning False, so the message can name the scope and
+        # its limit; DRF's handler adds Retry-After and ours the SPEC §11 shape.
+        raise exceptions.Throttled(
+            wait=self.wait(),
+            detail=f"Rate limit exceeded for {self.scope} requests with this token ({self.rate}).",
+        )
