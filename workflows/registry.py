@@ -20,8 +20,8 @@ from django.conf import settings
 Record = dict[str, Any]
 
 # Overridable in settings; defaults keep one node from tying up a worker or filling a row.
-HTTP_TIMEOUT_SECONDS = getattr(settings, "WORKFLOW_HTTP_TIMEOUT_SECONDS", 10.0)
-HTTP_MAX_BYTES = getattr(settings, "WORKFLOW_HTTP_MAX_BYTES", 5 * 1024 * 1024)
+HTTP_TIMEOUT_SECONDS = settings.WORKFLOW_HTTP_TIMEOUT_SECONDS
+HTTP_MAX_BYTES = settings.WORKFLOW_HTTP_MAX_BYTES
 CSV_MAX_CHARS = 5 * 1024 * 1024
 INLINE_MAX_RECORDS = 10_000
 # Each record is one model call; a typo'd upstream filter must not cost 50,000 calls.
