@@ -43,14 +43,16 @@ def kin_delete(*, kin: Kin) -> None:
     kin.delete()
 
 
-def session_create(*, kin: Kin, title: str = "") -> Session:
-    return Session.objects.create(kin=kin, title=title)
+def session_create(*, kin: Kin, title: str = "", workflow=None) -> Session:
+    """A new session; with `workflow` (one of the kin's team) its prompt carries CURRENT CANVAS."""
+    return Session.objects.create(kin=kin, title=title, workflow=workflow)
 
 
 def session_continue(*, session: Session, title: str = "", command: Event | None = None) -> Session:
     """The `/new` command: a new session for the same kin, opened by a system event that
     names the session it continues and its participants (people who posted there)."""
-    new_session = session_create(kin=session.kin, title=title)
+    # The new session stays attached to the same workflow.
+    new_session = session_create(kin=session.kin, title=title, workflow=session.workflow)
     participants = [
         {"name": sender, "platform": platform}
         for sender, platform in Event.objects.filter(session=session, kind=Event.Kind.MESSAGE, role=Event.Role.USER)

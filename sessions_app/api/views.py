@@ -1,5 +1,4 @@
 """API views for kins, sessions, messages, imports, history search, chat turns and the prompt preview."""
-from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
@@ -73,14 +72,7 @@ class KinSessionCreateView(APIView):
         kin = selectors.kin_get(team=request_team(request), kin_id=kin_id)
         serializer = SessionSerializer(data=request.data, team=kin.team)
         serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
-        workflow = data.pop("workflow", None)
-        with transaction.atomic():
-            session = services.session_create(kin=kin, **data)
-            if workflow is not None:
-                # TODO: move into services.session_create(workflow=...) (sessions_app/services.py).
-                session.workflow = workflow
-                session.save(update_fields=["workflow"])
+        session = services.session_create(kin=kin, **serializer.validated_data)
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
 

@@ -196,3 +196,18 @@ def test_attached_session_reads_a_fixed_number_of_queries_whatever_the_workflow_
     # The canvas reads the graph in three queries (nodes, stored result versions, edges).
     assert previews[1] == previews[2] == previews[0] + 3, previews
     assert turns[0] == turns[1], turns
+
+
+def test_new_session_from_an_attached_one_stays_attached(api_client, attached, workflow, fake_llm,
+                                                          django_capture_on_commit_callbacks):
+    fake_llm.reply("Nothing worth storing.")  # the old session's introspection
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api_client.post(f"/api/v1/sessions/{attached.pk}/messages/", {"content": "/new Next step"},
+                                   format="json")
+
+    assert response.status_code == 201, response.content
+    new_session = Session.objects.get(pk=response.json()["new_session_id"])
+    assert new_session.workflow == workflow
+    sections, _ = sections_of(api_client, new_session)
+    assert "canvas" in sections

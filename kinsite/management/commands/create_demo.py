@@ -76,18 +76,15 @@ class Command(BaseCommand):
                 character="Calm, precise, brief.",
                 expertise="Data cleaning, CSV workflows, reporting.",
             )
-        session = Session.objects.filter(kin=kin, title=DEMO_SESSION_TITLE).first()
-        if session is None:
-            session = session_create(kin=kin, title=DEMO_SESSION_TITLE)
         workflow = Workflow.objects.filter(team=team, name=DEMO_WORKFLOW["name"]).first()
         if workflow is None:
             workflow = workflow_create(team=team, document=document_clean(DEMO_WORKFLOW))
             # Enqueued after commit: with eager Celery (the embedded default) the run is
             # finished when the command returns; with a broker a worker runs it.
             workflow_run_start(workflow=workflow)
-        if session.workflow_id is None:
-            session.workflow = workflow
-            session.save(update_fields=["workflow"])
+        session = Session.objects.filter(kin=kin, title=DEMO_SESSION_TITLE).first()
+        if session is None:
+            session = session_create(kin=kin, title=DEMO_SESSION_TITLE, workflow=workflow)
         messages_import(
             session=session,
             items=[
