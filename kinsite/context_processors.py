@@ -5,8 +5,9 @@ from kinsite.selectors import team_for_user
 
 
 def dashboard(request):
-    user = getattr(request, "user", None)
-    return {
-        "current_team": team_for_user(user=user) if user is not None else None,
-        "llm_configured": bool(settings.LLM_BASE_URL),
-    }
+    # team_required has already looked the team up for most pages; reuse it.
+    team = getattr(request, "team", None)
+    if team is None:
+        user = getattr(request, "user", None)
+        team = team_for_user(user=user) if user is not None else None
+    return {"current_team": team, "llm_configured": bool(settings.LLM_BASE_URL)}

@@ -32,9 +32,16 @@ def team_required(view):
     return wrapper
 
 
-def _wants_partial(request) -> bool:
+def wants_partial(request) -> bool:
     # htmx restoring a page from history after a cache miss needs the full page.
     return bool(request.htmx) and not request.htmx.history_restore_request
+
+
+def render_partial_or_page(request, *, partial: str, page: str, context: dict, status: int = 200):
+    """The htmx partial or the full page for the same URL; caches must keep them apart."""
+    response = render(request, partial if wants_partial(request) else page, context, status=status)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
 
 
 @login_required
@@ -47,11 +54,8 @@ def kin_list(request):
     name_query = request.GET.get("q", "").strip()[:SEARCH_MAX_CHARS]
     kins = sessions.kin_list_with_stats(team=request.team, name_query=name_query)
     context = {"kins": kins, "q": name_query}
-    template = "dashboard/_kin_rows.html" if _wants_partial(request) else "dashboard/kins.html"
-    response = render(request, template, context)
-    # The same URL answers a partial or a full page; caches must keep them apart.
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    return render_partial_or_page(request, partial="dashboard/_kin_rows.html", page="dashboard/kins.html",
+                                  context=context)
 
 
 @team_required

@@ -9,9 +9,8 @@ from django.conf import settings
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.cache import patch_vary_headers
 
-from kinsite.views import _wants_partial, team_required
+from kinsite.views import render_partial_or_page, team_required
 from memories import selectors, services
 from memories.api.serializers import MEMORY_CONTENT_MAX_CHARS
 from memories.models import Memory
@@ -78,10 +77,8 @@ def memory_list(request, kin_id: int):
             status="" if memory_status == STATUS_ALL else memory_status,
         ).order_by("-updated_at", "-id")
         context["page"] = Paginator(memories, MEMORIES_PER_PAGE).get_page(request.GET.get("page"))
-    template = "memories/_memory_results.html" if _wants_partial(request) else "memories/memory_list.html"
-    response = render(request, template, context)
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    return render_partial_or_page(request, partial="memories/_memory_results.html",
+                                  page="memories/memory_list.html", context=context)
 
 
 @team_required

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 
-from kinsite.views import _wants_partial, team_required
+from kinsite.views import render_partial_or_page, team_required, wants_partial
 from sessions_app import selectors, turns
 from sessions_app.context import prompt_assemble
 from sessions_app.introspection import IntrospectionDisabled, introspection_request, introspection_settings
@@ -298,7 +298,7 @@ def session_introspection(request, session_id: int):
     run is queued or running). Without htmx: the session page, at the panel."""
     chat_session = selectors.session_get(team=request.team, session_id=session_id)
     runs_shown = _runs_shown(request)
-    if not _wants_partial(request):
+    if not wants_partial(request):
         return redirect(_panel_url(chat_session, runs_shown))
     return _panel_partial(request, chat_session, runs_shown=runs_shown)
 
@@ -311,7 +311,7 @@ def session_checkpoint(request, session_id: int):
     the page with the error, 409, when introspection is off for the kin). With htmx: the
     panel, with the requested run or the error (200: htmx swaps only successful responses)."""
     chat_session = selectors.session_get(team=request.team, session_id=session_id)
-    partial = _wants_partial(request)
+    partial = wants_partial(request)
     run, error = None, ""
     try:
         run = introspection_request(session=chat_session, trigger=IntrospectionRun.Trigger.CHECKPOINT)
@@ -344,7 +344,7 @@ def session_post(request, session_id: int):
     resets the form out of band; a model failure is not an HTTP error here because
     htmx would not swap it in, and the message it concerns is stored either way."""
     chat_session = selectors.session_get(team=request.team, session_id=session_id)
-    partial = _wants_partial(request)
+    partial = wants_partial(request)
     form = ChatPostForm(request.POST)
     if not form.is_valid():
         if partial:
@@ -395,10 +395,7 @@ def session_prompt_preview(request, session_id: int):
     if prompt is not None:
         context["history_messages"] = sum(1 for entry in prompt.history if entry.item.kind == Event.Kind.MESSAGE)
         context["budget_percent"] = min(100, round(100 * prompt.history_tokens / prompt.budget)) if prompt.budget else 0
-    partial = _wants_partial(request)
-    template = "dashboard/_prompt_preview.html" if partial else "dashboard/prompt_preview.html"
     # An invalid partial still answers 200: htmx swaps only successful responses.
-    status = 400 if prompt is None and not partial else 200
-    response = render(request, template, context, status=status)
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    status = 400 if prompt is None and not wants_partial(request) else 200
+    return render_partial_or_page(request, partial="dashboard/_prompt_preview.html",
+                                  page="dashboard/prompt_preview.html", context=context, status=status)
