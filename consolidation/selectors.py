@@ -62,14 +62,12 @@ def experience_versions(kin: Kin) -> QuerySet[ExperienceVersion]:
     return ExperienceVersion.objects.filter(kin=kin).order_by("-version")
 
 
-def experience_markdown_subquery(kin_ref: OuterRef | str = "kin_id") -> Subquery:
-    """The current experience markdown of the kin `kin_ref` points at, as a subquery
-    annotation, so the prompt builder reads it with the session row (no extra query)."""
-    if isinstance(kin_ref, str):
-        kin_ref = OuterRef(kin_ref)
-    return Subquery(
-        ExperienceVersion.objects.filter(kin_id=kin_ref).order_by("-version").values("markdown")[:1]
-    )
+def experience_markdown_sql(kin_id_sql: str) -> str:
+    """SQL for the current experience markdown of the kin whose id is the SQL expression
+    `kin_id_sql` (NULL without a document): a scalar subquery the prompt builder puts
+    in its session statement, so reading the document costs no query of its own."""
+    table = ExperienceVersion._meta.db_table
+    return f"(SELECT x.markdown FROM {table} x WHERE x.kin_id = {kin_id_sql} ORDER BY x.version DESC LIMIT 1)"
 
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")

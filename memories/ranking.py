@@ -18,6 +18,7 @@ import re
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import datetime
 
 from kinsite.textsearch import query_terms
@@ -64,6 +65,7 @@ DUPLICATE_MIN_COSINE = 0.93
 _DOUBLE_END = re.compile(r"([b-df-hj-np-tv-z])\1$")
 
 
+@lru_cache(maxsize=65_536)
 def stem(word: str) -> str:
     """A light English suffix stripper. It only has to send inflections of one word to
     one key consistently (prefers/preferred → prefer, answers → answer), not be Porter."""
@@ -187,8 +189,14 @@ def recency_factor(*, category: str, updated_at: datetime, now: datetime,
     return RECENCY_FLOOR + (1 - RECENCY_FLOOR) * 0.5 ** (age_days / half_life)
 
 
+@lru_cache(maxsize=4_096)
+def _subject_terms(subject: str) -> frozenset[str]:
+    # Subjects repeat (a person, a project), and a search ranks up to 50 candidates.
+    return term_set(subject)
+
+
 def subject_factor(*, subject: str, query: frozenset[str]) -> float:
-    subject_terms = term_set(subject)
+    subject_terms = _subject_terms(subject)
     if not subject_terms or not query:
         return 1.0
     return 1 + SUBJECT_BOOST * len(subject_terms & query) / len(subject_terms)

@@ -9,20 +9,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Max, OuterRef, Q, Subquery
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from consolidation.selectors import experience_markdown_subquery, experience_nested
+from consolidation.selectors import experience_markdown_sql, experience_nested
 from kinsite.llm.types import Message, ToolCall
 from kinsite.tokencount import count_tokens
 from memories.selectors import memory_search
 from sessions_app.history import HistoryItem, select_history
-from sessions_app.models import Event, Session, Summary
+from sessions_app.models import Event, Kin, MessageCount, Session, Summary
 from sessions_app.prompt import (
     ConversationState,
     CurrentSource,
@@ -35,6 +35,7 @@ from sessions_app.prompt import (
     render_system_prompt,
     total_tokens,
 )
+from workflows.models import Workflow
 from workflows.selectors import workflow_canvas
 
 HISTORY_KINDS = (Event.Kind.MESSAGE, Event.Kind.TOOL_CALL, Event.Kind.TOOL_RESULT)
@@ -66,10 +67,7 @@ class EventRow(NamedTuple):
     def created_at(self) -> datetime:
         # Read as text and parsed on use: the driver's timestamptz loader (Django's, in
         # Python) cost several ms for the ~700 rows of a turn, which reads two of them.
-        value = parse_datetime(self.created_at_text)
-        if settings.USE_TZ and timezone.is_naive(value):
-            value = value.replace(tzinfo=UTC)
-        return value
+        return _parse_timestamp(self.created_at_text)
 
 
 class HistoryEntry(NamedTuple):
@@ -123,14 +121,31 @@ def _openai_tool_call(call: dict[str, Any]) -> dict[str, Any]:
 
 
 _MESSAGE = Event.Kind.MESSAGE.value
+_USER = Event.Role.USER.value
+# A message's `data` is not read from the database (see _candidate_events); its rows
+# share this empty, read-only mapping instead of one new dict each.
+_NO_DATA = MappingProxyType({})
+# Named tuples built from a whole tuple at C speed: their generated __new__ is a Python
+# call, and a turn builds three per event of its history window (~700).
+_new_tuple = tuple.__new__
 
 
-def _entry(event: EventRow) -> HistoryEntry:
-    if event.kind == _MESSAGE:
-        # Inlined for the common case: this runs for every event in the history window.
-        item = HistoryItem(event.pk, event.role, event.kind, event.token_count)
-        return HistoryEntry(item, _message(event.role, event.content, event.sender), event)
-    return HistoryEntry(_history_item(event), event_as_message(event), event)
+def _entries(events: list[EventRow]) -> dict[int, HistoryEntry]:
+    """The history entries of the candidate events by id, in their order. Messages, the
+    common case, are built inline: this runs for every event in the history window."""
+    entries = {}
+    for event in events:
+        pk, kind, role, content, sender = event[:5]
+        if kind == _MESSAGE:
+            item = _new_tuple(HistoryItem, (pk, role, kind, event.token_count, None, ()))
+            if role == _USER and sender:
+                message = {"role": "user", "content": f"[{sender}] {content}"}
+            else:
+                message = _message(role, content, sender)
+            entries[pk] = _new_tuple(HistoryEntry, (item, message, event))
+        else:
+            entries[pk] = HistoryEntry(_history_item(event), event_as_message(event), event)
+    return entries
 
 
 def _message(role: str, content: str, sender: str) -> Message:
@@ -158,25 +173,56 @@ class Boundary:
     content: str
     last_event_id: int
     last_at: datetime
+    message_count: int  # the messages it covers, earlier summaries' included
 
 
-def _with_newest_summary(sessions):
-    """Sessions annotated with their newest summary's fields (correlated subqueries on the
-    summary_session_newest index), so the session row brings its compaction boundary and
-    a turn waits on one query fewer."""
-    newest = Summary.objects.filter(session=OuterRef("pk")).order_by("-created_at", "-id")
-    return sessions.annotate(
-        summary_content=Subquery(newest.values("content")[:1]),
-        summary_last_event_id=Subquery(newest.values("last_event_id")[:1]),
-        summary_last_at=Subquery(newest.values("last_event__created_at")[:1]),
-    )
+class SessionExtras(NamedTuple):
+    """What a prompt needs beyond the session and kin rows the caller holds: the kin's
+    current experience document, its parent's name, the attached workflow's name and
+    the newest compaction summary."""
+
+    experience_markdown: str
+    parent_name: str | None
+    workflow_name: str | None
+    summary: Boundary | None
 
 
-def _boundary_of(session: Session) -> Boundary | None:
-    if session.summary_last_event_id is None:
-        return None
-    return Boundary(content=session.summary_content, last_event_id=session.summary_last_event_id,
-                    last_at=session.summary_last_at)
+def _session_extras(session: Session) -> SessionExtras:
+    """One statement of scalar subqueries on primary keys and small indexes (the
+    summary_session_newest index for the newest summary), written as SQL: the same read
+    through the ORM, with its annotations and joins, cost ~7 ms of Python per turn to
+    compile."""
+    kin = session.kin
+    kin_table, workflow_table = Kin._meta.db_table, Workflow._meta.db_table
+    summary_table, event_table = Summary._meta.db_table, Event._meta.db_table
+    newest_summary = (f"(SELECT y.id FROM {summary_table} y WHERE y.session_id = %s "
+                      f"ORDER BY y.created_at DESC, y.id DESC LIMIT 1)")
+    sql = f"""
+        SELECT {experience_markdown_sql("%s")},
+               (SELECT p.name FROM {kin_table} p WHERE p.id = %s),
+               (SELECT w.name FROM {workflow_table} w WHERE w.id = %s),
+               y.content, y.last_event_id, CAST(e.created_at AS TEXT), y.message_count
+        FROM (SELECT 1) one
+        LEFT JOIN {summary_table} y ON y.id = {newest_summary}
+        LEFT JOIN {event_table} e ON e.id = y.last_event_id
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [kin.pk, kin.parent_id, session.workflow_id, session.pk])
+        markdown, parent_name, workflow_name, content, last_event_id, last_at, message_count = cursor.fetchone()
+    summary = None
+    if last_event_id is not None:
+        summary = Boundary(content=content, last_event_id=last_event_id, last_at=_parse_timestamp(last_at),
+                           message_count=message_count)
+    return SessionExtras(markdown or "", parent_name, workflow_name, summary)
+
+
+def _parse_timestamp(text: str) -> datetime:
+    """A timestamp read as text (CAST(... AS TEXT)) as an aware datetime: Django's
+    timestamptz loader is Python and costs more than this for the rows a prompt reads."""
+    value = parse_datetime(text)
+    if settings.USE_TZ and timezone.is_naive(value):
+        value = value.replace(tzinfo=UTC)
+    return value
 
 
 def _boundary_sql(summary: Boundary | None) -> tuple[str, list[Any]]:
@@ -218,25 +264,24 @@ def _candidate_events(session_id: int, summary: Boundary | None, budget: int) ->
     # Newest first is the order the window already has, so the database does not sort again.
     rows.reverse()
     return [
-        EventRow(pk, kind, role, content, sender, platform, tokens,
-                 (json.loads(data) if isinstance(data, str) else data) if data is not None else {}, created_at)
+        _new_tuple(EventRow, (pk, kind, role, content, sender, platform, tokens,
+                              _NO_DATA if data is None else json.loads(data) if isinstance(data, str) else data,
+                              created_at))
         for pk, kind, role, content, sender, platform, tokens, data, created_at in rows
     ]
 
 
-def _message_counts(session_id: int, summary: Boundary | None):
-    """Per (role, sender, platform): messages, of them summarised, newest time. One
-    GROUP BY gives both the participants and the conversation's counts."""
-    summarised = Q(pk__in=[])
-    if summary is not None:
-        at = summary.last_at
-        summarised = Q(created_at__lt=at) | Q(created_at=at, pk__lte=summary.last_event_id)
-    return (
-        Event.objects.filter(session_id=session_id, kind=Event.Kind.MESSAGE)
-        .values("role", "sender", "platform")
-        .annotate(count=Count("id"), summarised=Count("id", filter=summarised), last_at=Max("created_at"))
-        .order_by()
-    )
+def _message_counts(session_id: int) -> list[tuple[str, str, str, int, datetime]]:
+    """Per (role, sender, platform): messages and the newest one's time, from the
+    counters the database keeps (MessageCount): a few rows, whatever the history."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT role, sender, platform, message_count, CAST(last_at AS TEXT) "
+            f"FROM {MessageCount._meta.db_table} WHERE session_id = %s",
+            [session_id],
+        )
+        return [(role, sender, platform, count, _parse_timestamp(last_at))
+                for role, sender, platform, count, last_at in cursor.fetchall()]
 
 
 def prompt_inputs_for(
@@ -255,21 +300,18 @@ def prompt_inputs_for(
     sent (the preview), counted as if stored. Reads the database a fixed number of times,
     whatever the length of the history or the number of memories."""
     now = now or timezone.now()
-    # The kin's current experience document and the newest summary come with the session
-    # row (subqueries), not as queries of their own: a turn's query count is fixed and
-    # small (SPEC §14).
-    session = _with_newest_summary(
-        Session.objects.select_related("kin", "kin__team", "kin__parent", "workflow")
-        .annotate(experience_markdown=experience_markdown_subquery("kin_id"))
-    ).get(pk=session.pk)
+    # The session and kin rows are the caller's (the turn and the preview read them just
+    # before); what else the prompt needs comes in one statement, so a turn's query count
+    # is fixed and small (SPEC §14).
     kin = session.kin
     budget = kin.effective_history_budget
-    summary = _boundary_of(session)
-    counts = list(_message_counts(session.pk, summary))
+    extras = _session_extras(session)
+    summary = extras.summary
+    counts = _message_counts(session.pk)
     events = _candidate_events(session.pk, summary, budget)
 
     pending = current_event is None and bool(message_text.strip())
-    entries = {event.pk: _entry(event) for event in events}
+    entries = _entries(events)
     if current_event is not None:
         # The message being answered goes last even if other events were stored after it
         # (an async post queued behind a running turn), so the model answers it.
@@ -285,12 +327,15 @@ def prompt_inputs_for(
     history = [entries[item.id] for item in selected]
 
     participants: dict[tuple[str, str], list] = {}
-    total = summarised = 0
-    for row in counts:
-        total += row["count"]
-        summarised += row["summarised"]
-        if row["role"] == Event.Role.USER:
-            participants[(row["sender"] or UNNAMED_SENDER, row["platform"])] = [row["count"], row["last_at"]]
+    total = 0
+    for role, name, where, count, last_at in counts:
+        total += count
+        if role == Event.Role.USER:
+            key = (name or UNNAMED_SENDER, where)
+            # Messages with no sender and "Unnamed user" are one participant.
+            previous_count, previous_at = participants.get(key, [0, last_at])
+            participants[key] = [previous_count + count, max(previous_at, last_at)]
+    summarised = summary.message_count if summary is not None else 0
     if pending:
         total += 1
         key = (sender or UNNAMED_SENDER, platform)
@@ -317,12 +362,13 @@ def prompt_inputs_for(
     inputs = PromptInputs(
         identity=KinIdentity(
             name=kin.name, role=kin.role, character=kin.character, expertise=kin.expertise,
-            parent_name=kin.parent.name if kin.parent is not None else None, spawn_reason=kin.spawn_reason,
+            parent_name=extras.parent_name, spawn_reason=kin.spawn_reason,
         ),
-        experience_markdown=experience_nested(session.experience_markdown or ""),
+        experience_markdown=experience_nested(extras.experience_markdown),
         memories=memories,
         # Read per turn (three queries, whatever the workflow's size), never stored.
-        canvas=workflow_canvas(workflow=session.workflow) if session.workflow is not None else "",
+        canvas=(workflow_canvas(workflow=Workflow(pk=session.workflow_id, team_id=kin.team_id, name=extras.workflow_name))
+                if extras.workflow_name is not None else ""),
         participants=[
             Participant(name=name, platform=where, message_count=count, last_active_at=last_at)
             for (name, where), (count, last_at) in sorted(

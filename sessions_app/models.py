@@ -123,6 +123,31 @@ class Event(models.Model):
         return f"{self.kind} #{self.pk}"
 
 
+class MessageCount(models.Model):
+    """How many messages a session holds per (role, sender, platform), and the newest
+    one's time: the prompt's participants and conversation counts (SPEC §4) read these
+    few rows instead of every message of the session. Kept by database triggers on the
+    event table (migration 0008), so every way a message is written or removed (a turn,
+    an import whose duplicates the database skips, a cascade) counts exactly once;
+    Python never writes these rows."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="message_counts")
+    role = models.CharField(max_length=10, choices=Event.Role.choices)
+    sender = models.CharField(max_length=200, blank=True)
+    platform = models.CharField(max_length=16, choices=Event.Platform.choices)
+    message_count = models.PositiveIntegerField(default=0)
+    last_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["session", "-last_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "role", "sender", "platform"], name="message_count_unique")
+        ]
+
+    def __str__(self):
+        return f"{self.message_count} {self.role} messages of {self.sender or 'nobody'} in session {self.session_id}"
+
+
 class Turn(models.Model):
     """One chat turn: the user's message in, the kin's reply out, and what happened
     between (status, error, tool calls, tokens). Async posts are polled through it."""

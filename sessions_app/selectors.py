@@ -25,7 +25,7 @@ def session_list(*, team: Team, kin: Kin | None = None):
 
 
 def session_get(*, team: Team, session_id: int) -> Session:
-    return get_object_or_404(Session.objects.select_related("kin"), kin__team=team, pk=session_id)
+    return get_object_or_404(Session.objects.select_related("kin__team"), kin__team=team, pk=session_id)
 
 
 def message_list(*, session: Session):

@@ -87,3 +87,22 @@ def test_turn_and_preview_queries_do_not_grow_with_history_or_memories(team, fak
     # read back by their retrieval-count UPDATE (37 and 8 on PostgreSQL, 35 and 7 on SQLite).
     assert turn_counts[0] <= 37, turn_counts
     assert preview_counts[0] <= 8, preview_counts
+
+
+def test_the_preview_api_reads_the_same_fixed_number_of_times(team, api_client):
+    """Through the API: authentication, the session with its kin and team, then the
+    assembly; a long history and many memories add no query. (The token's last-use
+    time is written at most once a minute, so the first request is left out.)"""
+    small = build_session(team, messages=10, memories=10)
+    both = build_session(team, messages=5_000, memories=10_000)
+
+    def get(session):
+        def run():
+            response = api_client.get(f"/api/v1/sessions/{session.pk}/prompt/", {"message": QUESTION})
+            assert response.status_code == 200, response.content
+        return run
+
+    get(small)()
+    counts = [queries_of(get(s), s) for s in (small, both)]
+    assert counts[0] == counts[1], counts
+    assert counts[0] <= 11, counts
