@@ -1,12 +1,15 @@
-"""README "Deployment" on one machine, as written: the Procfile's three commands (web:
-gunicorn with two workers, worker: Celery with concurrency 2, beat: one) against the test
-database and a spare Redis db. /healthz answers through gunicorn, an async chat turn is
-answered by the worker (the model is the fake OpenAI server) and beat schedules the
-idle-introspection scan, which the worker runs."""
+"""README "Deployment" on one machine, as written: the systemd units' ExecStart lines, read
+from the README, started the way systemd would (kinsite-web, kinsite-worker@1 and @2, one
+kinsite-beat) against the test database and a spare Redis db. /healthz answers through
+gunicorn, both Celery workers answer a ping under their own node names, several async chat
+turns are answered and shared between the two workers (the model is the fake OpenAI
+server), and beat schedules the idle-introspection scan, which a worker runs."""
 import os
 import re
 import shelve
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,10 +18,10 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import celery
-from celery.beat import ScheduleEntry
 import httpx
 import pytest
 import redis
+from celery.beat import ScheduleEntry
 from django.conf import settings
 from django.db import connection
 
@@ -29,18 +32,48 @@ from tests.ops.test_serve_command import REPO, free_port
 
 pytestmark = pytest.mark.postgres
 
-STARTUP_SECONDS = 25
-TURN_SECONDS = 20
-BEAT_SECONDS = 15
+STARTUP_SECONDS = 40
+TURN_SECONDS = 30
+BEAT_SECONDS = 20
+# Where the README's units install the code; the test runs them from this checkout.
+INSTALL_DIR = "/srv/kinsite"
+ASYNC_TURNS = 8
+MODEL_DELAY_SECONDS = 0.4  # long enough that one worker cannot take every turn
 
 
-def procfile() -> dict[str, str]:
-    entries = {}
-    for line in (REPO / "Procfile").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            name, command = line.split(":", 1)
-            entries[name.strip()] = command.strip()
-    return entries
+def readme_units() -> tuple[dict[str, dict[str, str]], list[str]]:
+    """The systemd units of the README's Deployment section ({unit: {key: value}}) and the
+    worker instances its `systemctl enable` line starts."""
+    readme = (REPO / "README.md").read_text()
+    deployment = readme.split("\n## Deployment\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```ini\n(.*?)```", deployment, re.S).group(1)
+    units: dict[str, dict[str, str]] = {}
+    current = None
+    for line in block.splitlines():
+        if match := re.match(r"# /etc/systemd/system/(\S+)", line):
+            current = units.setdefault(match.group(1), {})
+        elif current is not None and re.match(r"\w+=", line):
+            key, value = line.split("=", 1)
+            current[key] = value
+    instances = re.findall(r"kinsite-worker@(\w+)", re.search(r"systemctl enable --now ([^)\n]+)", block).group(1))
+    return units, instances
+
+
+def systemd_argv(unit: dict[str, str], *, instance: str = "", port: int, state_dir: Path) -> list[str]:
+    """A unit's ExecStart as systemd would run it (specifiers expanded, no shell), moved from
+    INSTALL_DIR to this checkout: this virtualenv, a temp state directory, a free port."""
+    assert unit["WorkingDirectory"] == INSTALL_DIR and unit["EnvironmentFile"] == "/etc/kinsite.env"
+    specifiers = {"i": instance, "H": socket.gethostname(), "%": "%"}
+    command = re.sub(r"%(.)", lambda m: specifiers[m.group(1)], unit["ExecStart"])
+    command = command.replace(f"{INSTALL_DIR}/.venv/bin/", f"{Path(sys.executable).parent}/")
+    command = command.replace(f"{INSTALL_DIR}/var/", f"{state_dir}/")
+    command = re.sub(r"(--bind \S+):8000\b", rf"\g<1>:{port}", command)
+    assert INSTALL_DIR not in command, command
+    return shlex.split(command)
+
+
+def option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
 
 
 def committed_database_url() -> str:
@@ -78,6 +111,15 @@ def seed_beat_schedule(path: Path) -> None:
         )
 
 
+def worker_nodes(broker_url: str) -> set[str]:
+    """The node names of the Celery workers that answer a ping on this broker."""
+    probe = celery.Celery("deploy-probe", broker=broker_url)
+    try:
+        return {name for reply in probe.control.ping(timeout=1.0) or [] for name in reply}
+    finally:
+        probe.close()
+
+
 def wait_until(check, *, seconds: float, what: str, processes: dict, logs: dict):
     deadline = time.monotonic() + seconds
     while True:
@@ -93,33 +135,47 @@ def wait_until(check, *, seconds: float, what: str, processes: dict, logs: dict)
         time.sleep(0.2)
 
 
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    # Each process leads its own group (start_new_session), so this reaches gunicorn's and
-    # Celery's children too, and nothing else.
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=5)
+def stop_all(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM to all at once (warm shutdowns in parallel), then SIGKILL to any left after 15 s.
+    Each process leads its own group (start_new_session), so this reaches gunicorn's and
+    Celery's children too, and nothing else."""
+    running = [process for process in processes if process.poll() is None]
+    for process in running:
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for process in running:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
 
 
-def test_procfile_serves_chat_through_gunicorn_worker_and_beat(transactional_db, tmp_path, fake_llm):
+def test_readme_units_run_web_two_workers_and_beat(transactional_db, tmp_path, fake_llm):
     if not settings.REDIS_URL:
         pytest.skip("needs REDIS_URL (the PostgreSQL + Redis pass)")
+    units, instances = readme_units()
+    assert set(units) == {"kinsite-web.service", "kinsite-worker@.service", "kinsite-beat.service"}
+    assert instances == ["1", "2"]
+
     kin = KinFactory(team=TeamFactory())
-    session = SessionFactory(kin=kin)
+    sessions = [SessionFactory(kin=kin) for _ in range(ASYNC_TURNS)]
     _, token = api_token_issue(team=kin.team, name="deploy-check")
 
     port = free_port()
+    state_dir = tmp_path / "var"
+    state_dir.mkdir()
+    commands = {"web": systemd_argv(units["kinsite-web.service"], port=port, state_dir=state_dir)}
+    for instance in instances:
+        commands[f"worker@{instance}"] = systemd_argv(units["kinsite-worker@.service"], instance=instance, port=port,
+                                                      state_dir=state_dir)
+    commands["beat"] = systemd_argv(units["kinsite-beat.service"], port=port, state_dir=state_dir)
+    seed_beat_schedule(Path(option(commands["beat"], "--schedule")))
+
     redis_url = spare_redis_url()
-    beat_schedule = tmp_path / "celerybeat-schedule"
-    seed_beat_schedule(beat_schedule)
+    # /etc/kinsite.env: the deployment's settings, pointed at the test database and the fake model.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLM_", "API_RATE_"))}
     env.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         DJANGO_SETTINGS_MODULE="kinsite.settings",
         DATABASE_URL=committed_database_url(),
         REDIS_URL=redis_url,
@@ -131,26 +187,20 @@ def test_procfile_serves_chat_through_gunicorn_worker_and_beat(transactional_db,
         LLM_MODEL="fake-model",
         LLM_MAX_RETRIES="0",
         LLM_TIMEOUT_SECONDS="10",
-        LOG_LEVEL="INFO",
-        PORT=str(port),
-        WEB_CONCURRENCY="2",
-        WORKER_CONCURRENCY="2",
-        BEAT_SCHEDULE_FILE=str(beat_schedule),
     )
+    fake_llm.delay = MODEL_DELAY_SECONDS
     broker = redis.Redis.from_url(redis_url)
     broker.flushdb()  # no tasks left over from an earlier, interrupted run
 
     processes: dict[str, subprocess.Popen] = {}
     logs: dict[str, Path] = {}
     try:
-        for name, command in procfile().items():
+        for name, argv in commands.items():
             logs[name] = tmp_path / f"{name}.log"
             with logs[name].open("wb") as log:
                 processes[name] = subprocess.Popen(
-                    ["sh", "-c", f"exec {command}"], cwd=REPO, env=env,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 )
-        assert set(processes) == {"web", "worker", "beat"}
         base = f"http://127.0.0.1:{port}"
 
         def health():
@@ -165,36 +215,52 @@ def test_procfile_serves_chat_through_gunicorn_worker_and_beat(transactional_db,
         assert response.json()["database"]["vendor"] == "postgresql"
         assert response.json()["broker"]["kind"] == "redis"
 
-        # An async chat turn: gunicorn queues it, the worker answers it through the model.
+        # Both workers are up, each under its own node name (worker%i@%H).
+        expected_nodes = {option(commands[f"worker@{i}"], "--hostname") for i in instances}
+        assert expected_nodes == {f"worker{i}@{socket.gethostname()}" for i in instances}
+        wait_until(lambda: worker_nodes(redis_url) >= expected_nodes, seconds=STARTUP_SECONDS,
+                   what="both Celery workers to answer a ping", processes=processes, logs=logs)
+
+        # Async chat turns: gunicorn queues them, the two workers share them.
         auth = {"Authorization": f"Bearer {token}"}
-        fake_llm.reply("Answered by a Celery worker.")
-        posted = httpx.post(
-            f"{base}/api/v1/sessions/{session.pk}/messages/?async=1",
-            json={"content": "Hello from the deployment check.", "sender": "Maria"}, headers=auth, timeout=10,
-        )
-        assert posted.status_code == 202, posted.text
-        turn_url = f"{base}/api/v1/turns/{posted.json()['turn']['id']}/"
+        turn_urls = {}
+        with httpx.Client(base_url=base, headers=auth, timeout=10) as client:
+            for number, session in enumerate(sessions):
+                content = f"Deployment check {number}."
+                posted = client.post(f"/api/v1/sessions/{session.pk}/messages/?async=1",
+                                     json={"content": content, "sender": "Maria"})
+                assert posted.status_code == 202, posted.text
+                turn_urls[content] = f"/api/v1/turns/{posted.json()['turn']['id']}/"
 
-        def finished_turn():
-            turn = httpx.get(turn_url, headers=auth, timeout=5).json()
-            return turn if turn["status"] in ("done", "failed") else None
+            def finished_turns():
+                turns = {content: client.get(url).json() for content, url in turn_urls.items()}
+                return turns if all(t["status"] in ("done", "failed") for t in turns.values()) else None
 
-        turn = wait_until(finished_turn, seconds=TURN_SECONDS, what="the worker to answer the turn",
-                          processes=processes, logs=logs)
-        assert turn["status"] == "done", turn
-        assert turn["reply"]["content"] == "Answered by a Celery worker."
+            turns = wait_until(finished_turns, seconds=TURN_SECONDS, what="the workers to answer the turns",
+                               processes=processes, logs=logs)
+        for content, turn in turns.items():
+            assert turn["status"] == "done", turn
+            assert turn["reply"]["content"] == f"echo: [Maria] {content}"
+        ran_turn = re.compile(r"sessions_app\.turn_tasks\.run_turn_task\[[^\]]+\] succeeded")
+        turns_per_worker = {i: len(ran_turn.findall(logs[f"worker@{i}"].read_text())) for i in instances}
+        assert sum(turns_per_worker.values()) == ASYNC_TURNS, turns_per_worker
+        assert all(turns_per_worker.values()), f"one worker ran every turn: {turns_per_worker}"
 
         # Beat sends the idle scan; a worker runs it.
         scan_ran = re.compile(r"sessions_app\.tasks\.scan_idle_sessions_task\[[^\]]+\] succeeded")
-        wait_until(lambda: scan_ran.search(logs["worker"].read_text()), seconds=BEAT_SECONDS,
-                   what="beat's idle scan to run on the worker", processes=processes, logs=logs)
+        wait_until(lambda: any(scan_ran.search(logs[f"worker@{i}"].read_text()) for i in instances),
+                   seconds=BEAT_SECONDS, what="beat's idle scan to run on a worker", processes=processes, logs=logs)
         assert "Sending due task introspect-idle-sessions" in logs["beat"].read_text()
 
-        # As the README says: two web processes, two worker processes.
-        assert len(re.findall(r"Booting worker with pid", logs["web"].read_text())) == 2
-        assert re.search(r"concurrency:\s*2 \(prefork\)", logs["worker"].read_text())
+        # As the units say: the web unit's gunicorn workers, each worker's pool, no name clash.
+        web_workers = int(option(commands["web"], "--workers"))
+        assert len(re.findall(r"Booting worker with pid", logs["web"].read_text())) == web_workers
+        for instance in instances:
+            worker_log = logs[f"worker@{instance}"].read_text()
+            concurrency = option(commands[f"worker@{instance}"], "--concurrency")
+            assert re.search(rf"concurrency:\s*{concurrency} \(prefork\)", worker_log)
+            assert "DuplicateNodenameWarning" not in worker_log
     finally:
-        for process in processes.values():
-            stop(process)
+        stop_all(list(processes.values()))
         broker.flushdb()
         broker.close()
