@@ -271,9 +271,11 @@ def _text_scores_postgresql(terms, scope_sql, params, limit, include_shared):
             params[f"idf{i}"] = bm25_idf(count=stats.count, df=stats.common[lexeme])
             idf = f"%(idf{i})s::float8"
         else:
-            df_columns.append(f"count(*) FILTER (WHERE tf{i} > 0)::float8 AS df{i}")
-            idf = (f"ln(1.0::float8 + (greatest(%(n)s::float8, d.df{i}) - d.df{i} + 0.5::float8)"
-                   f" / (d.df{i} + 0.5::float8))")
+            # The idf is computed once, with the document frequency, not per candidate.
+            df = f"count(*) FILTER (WHERE tf{i} > 0)::float8"
+            df_columns.append(f"ln(1.0::float8 + (greatest(%(n)s::float8, {df}) - {df} + 0.5::float8)"
+                              f" / ({df} + 0.5::float8)) AS idf{i}")
+            idf = f"d.idf{i}"
         score_terms.append(f"{idf} * c.tf{i} * (%(k1)s::float8 + 1.0::float8) / (c.tf{i} + c.norm)")
     ctes.append(f"""candidates AS MATERIALIZED (
             SELECT c.id,

@@ -216,6 +216,15 @@ def _session_extras(session: Session) -> SessionExtras:
     return SessionExtras(markdown or "", parent_name, workflow_name, summary)
 
 
+def _canvas(session: Session, workflow_name: str | None) -> str:
+    """CURRENT CANVAS of the attached workflow (SPEC §9), or "". Its name comes with the
+    session extras; the graph is read per turn (three queries whatever its size), never stored."""
+    if session.workflow_id is None or workflow_name is None:
+        return ""
+    workflow = Workflow(pk=session.workflow_id, team_id=session.kin.team_id, name=workflow_name)
+    return workflow_canvas(workflow=workflow)
+
+
 def _parse_timestamp(text: str) -> datetime:
     """A timestamp read as text (CAST(... AS TEXT)) as an aware datetime: Django's
     timestamptz loader is Python and costs more than this for the rows a prompt reads."""
@@ -366,9 +375,7 @@ def prompt_inputs_for(
         ),
         experience_markdown=experience_nested(extras.experience_markdown),
         memories=memories,
-        # Read per turn (three queries, whatever the workflow's size), never stored.
-        canvas=(workflow_canvas(workflow=Workflow(pk=session.workflow_id, team_id=kin.team_id, name=extras.workflow_name))
-                if extras.workflow_name is not None else ""),
+        canvas=_canvas(session, extras.workflow_name),
         participants=[
             Participant(name=name, platform=where, message_count=count, last_active_at=last_at)
             for (name, where), (count, last_at) in sorted(
