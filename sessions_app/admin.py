@@ -5,7 +5,7 @@ from consolidation.models import ConsolidationRun
 from consolidation.services import ConsolidationBusy, consolidation_run
 from kinsite.admin_mixins import ReadOnlyAdminMixin
 from sessions_app.introspection import IntrospectionDisabled, introspection_request
-from sessions_app.models import Event, IntrospectionRun, Kin, Session, Summary, Turn
+from sessions_app.models import Event, IntrospectionRun, Kin, MessageCount, Session, Summary, Turn
 
 
 @admin.register(Kin)
@@ -34,12 +34,30 @@ class KinAdmin(admin.ModelAdmin):
             self.message_user(request, f"{kin.name}: {outcome}.", level)
 
 
+class MessageCountInline(admin.TabularInline):
+    """The session's message counts per participant, as the database keeps them
+    (triggers, migration 0008): shown, never edited."""
+
+    model = MessageCount
+    fields = ["role", "sender", "platform", "message_count", "last_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "kin", "last_activity_at", "introspection_pending", "created_at"]
     list_filter = ["kin__team"]
     search_fields = ["title", "description"]
     raw_id_fields = ["kin"]
+    inlines = [MessageCountInline]
     actions = ["introspect_now"]
 
     @admin.action(description="Introspect now")
@@ -65,6 +83,14 @@ class EventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     search_fields = ["content", "sender", "external_id"]
     list_select_related = ["session"]
     show_full_result_count = False
+
+
+@admin.register(MessageCount)
+class MessageCountAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["session", "role", "sender", "platform", "message_count", "last_at"]
+    list_filter = ["role", "platform"]
+    search_fields = ["sender"]
+    list_select_related = ["session"]
 
 
 @admin.register(Turn)

@@ -82,3 +82,12 @@ def test_team_with_an_unknown_time_zone_is_refused(staff_client):
     assert response.status_code == 200
     assert "not an IANA time zone" in response.content.decode()
     assert not Team.objects.filter(slug="moon").exists()
+
+
+def test_session_page_shows_its_message_counts_read_only(staff_client, chat_session):
+    MessageFactory(session=chat_session, sender="Ana Counted", platform="slack")
+    MessageFactory(session=chat_session, sender="Ana Counted", platform="slack")
+    page = staff_client.get(reverse("admin:sessions_app_session_change", args=[chat_session.pk])).content.decode()
+    assert "Ana Counted" in page and "Slack" in page
+    assert 'name="message_counts-0-message_count"' not in page  # shown, not editable
+    assert staff_client.get(reverse("admin:sessions_app_messagecount_add")).status_code == 403
