@@ -1,9 +1,11 @@
 """The Celery app. The beat schedule lives here, in one place (beat runs once per
 deployment)."""
+import gc
 import os
 
 from celery import Celery
 from celery.schedules import crontab
+from celery.signals import worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kinsite.settings")
 
@@ -18,6 +20,13 @@ app.conf.beat_schedule = {
         "task": "sessions_app.tasks.scan_idle_sessions_task",
         "schedule": crontab(),
     },
+    # Every minute: queue again the async chat turns left pending without a task, those
+    # posted while Redis was down (the API answered 503 and kept them) or lost with Redis's
+    # data in a restart, so they run once the broker is back (SPEC §13: nothing is lost).
+    "requeue-pending-turns": {
+        "task": "sessions_app.turn_tasks.requeue_pending_turns_task",
+        "schedule": crontab(),
+    },
     # Every 15 minutes: the nightly consolidation. Teams live in different time zones, so
     # the task decides per team whether its CONSOLIDATION_HOUR:MINUTE (default 02:00) has
     # come, and consolidates each kin with pending facts once per night.
@@ -26,3 +35,11 @@ app.conf.beat_schedule = {
         "schedule": crontab(minute="*/15"),
     },
 }
+
+
+@worker_process_init.connect
+def _freeze_startup_objects(**kwargs):
+    """A pool process starts with the app loaded: as in kinsite/wsgi.py, what it holds
+    by now is frozen out of the garbage collector, so full collections in the middle of
+    a turn walk only what tasks allocate."""
+    gc.freeze()

@@ -32,3 +32,12 @@ class UpstreamError(KinsiteError):
 
     code = "upstream_error"
     status = 502
+
+
+class ServiceUnavailable(KinsiteError):
+    """A backing service (Redis: the task queue, the session locks, the cache) did not
+    answer. The API answers 503 with Retry-After; the message says what was stored."""
+
+    code = "service_unavailable"
+    status = 503
+    retry_after = 30  # seconds: Redis restarts or fails over in about that time

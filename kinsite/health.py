@@ -24,7 +24,9 @@ def _check_broker() -> dict:
     import redis
 
     started = time.monotonic()
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+    # A PING answers at once when Redis is up, so the connect timeout bounds the whole check.
+    timeout = settings.REDIS_CONNECT_TIMEOUT_SECONDS
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
         client.ping()
     except Exception as exc:

@@ -83,8 +83,22 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: Celery broker, cache and locks. Without it: eager Celery, local cache.
 REDIS_URL = env_str("REDIS_URL", "")
+# How long opening a Redis connection, and one Redis command, may take. Redis sits on the
+# local network and answers in milliseconds, so a few seconds means it is down: callers
+# then fail fast with a clear error (the API answers 503) instead of hanging a web thread.
+REDIS_CONNECT_TIMEOUT_SECONDS = env_float("REDIS_CONNECT_TIMEOUT_SECONDS", 2.0)
+REDIS_SOCKET_TIMEOUT_SECONDS = env_float("REDIS_SOCKET_TIMEOUT_SECONDS", 5.0)
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "OPTIONS": {
+                "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
+                "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+            },
+        }
+    }
     CELERY_BROKER_URL = REDIS_URL
     CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 else:
@@ -98,6 +112,26 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 300)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 360)
 CELERY_TASK_IGNORE_RESULT = True
+# Publishing a task: a short connect timeout and two quick retries (under a second when
+# Redis refuses connections, about 7 s when it does not answer at all), then the caller gets
+# an error the API answers as 503; an async chat turn stays stored as pending, and beat's
+# requeue-pending-turns sends it again once Redis is back.
+CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_CONNECT_TIMEOUT_SECONDS
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
+# Workers wait for Redis at start and reconnect for ever after losing it (Celery's defaults
+# give up after 100 attempts, leaving a worker process that consumes nothing).
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # A task a worker took but never acknowledged (acks_late: the worker died running it) is
+    # delivered again once it has been out this long. It must exceed the longest a task can
+    # be held: waiting for a free process plus CELERY_TASK_TIME_LIMIT (360 s) running, or a
+    # task still running would be delivered a second time.
+    "visibility_timeout": env_int("CELERY_BROKER_VISIBILITY_TIMEOUT", 1800),
+    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
+    # kombu waits for ever on a connection Redis dropped silently (failover, NAT) without it.
+    "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+}
 CELERY_TIMEZONE = env_str("TIME_ZONE", "UTC")
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -123,11 +157,15 @@ LOGIN_REDIRECT_URL = "dashboard:home"
 LOGOUT_REDIRECT_URL = "login"
 
 # --- API ------------------------------------------------------------------------
+# The largest request body (API bodies answer 413 over it, dashboard forms 400). Django's
+# 2.5 MB default is too tight for an import of 1,000 messages (SPEC §11) of a few kB each.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["kinsite.api.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["kinsite.api.auth.IsTeamMember"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # DRF's JSON parser plus limits: body size (413), nesting depth, NUL characters (400).
+    "DEFAULT_PARSER_CLASSES": ["kinsite.api.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": "kinsite.api.pagination.DefaultCursorPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "kinsite.api.errors.api_exception_handler",

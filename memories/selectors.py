@@ -15,6 +15,7 @@ from django.db import connection
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from redis.exceptions import RedisError
 
 from kinsite.llm.gateway import llm_embed
 from kinsite.llm.providers import get_default_provider
@@ -188,7 +189,7 @@ def _text_scores(*, terms: list[str], team: Team, kin: Kin | None, include_share
 
 def _scope_stats_postgresql(scope_sql: str, params: dict, include_shared: bool) -> ScopeStats:
     key = f"memories:bm25:v2:{params['team']}:{params.get('kin', 'shared')}:{int(include_shared)}"
-    stats = cache.get(key)
+    stats = _cache_get(key)
     if stats is None:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -207,8 +208,25 @@ def _scope_stats_postgresql(scope_sql: str, params: dict, include_shared: bool) 
                                {"rows": rows_sql % {k: int(v) for k, v in params.items()}, "min_docs": min_docs})
                 common = {word: int(ndoc) for word, ndoc in cursor.fetchall()}
         stats = ScopeStats(count=int(count), avg_length=max(float(avg_length), 1.0), common=common)
-        cache.set(key, stats, SCOPE_STATS_SECONDS)
+        _cache_set(key, stats, SCOPE_STATS_SECONDS)
     return stats
+
+
+# The statistics are only a cache: with the cache (Redis) down, search computes them each
+# time, slower but answering, rather than failing the turn or the API call.
+def _cache_get(key: str):
+    try:
+        return cache.get(key)
+    except RedisError as exc:
+        logger.warning("Cache unreachable, BM25 statistics computed without it: %s", exc)
+        return None
+
+
+def _cache_set(key: str, value, seconds: int) -> None:
+    try:
+        cache.set(key, value, seconds)
+    except RedisError:
+        pass  # already logged by _cache_get in the same search
 
 
 def bm25_idf(*, count: int, df: int | float) -> float:

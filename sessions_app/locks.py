@@ -3,7 +3,9 @@
 With REDIS_URL it is a Redis lock, shared by every web process and Celery worker;
 without it (the embedded SQLite mode: one process) a threading lock per session.
 The Redis lock has a lease, so a killed worker cannot block a session for ever; a
-turn renews it before each model call (`SessionLock.refresh`)."""
+turn renews it before each model call (`SessionLock.refresh`). When Redis does not
+answer, taking or renewing the lock raises LockUnavailable (503): turns of a session
+must not interleave, so no turn runs without it."""
 from __future__ import annotations
 
 import threading
@@ -11,18 +13,29 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 
+import redis
 from django.conf import settings
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import LockError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kinsite.errors import Conflict
+from kinsite.errors import Conflict, ServiceUnavailable
 
 # How long a turn waits for the session's previous turn to finish.
 DEFAULT_WAIT_SECONDS = 300.0
 # Margin on top of one model call's worst case (timeout × attempts plus backoff).
 LEASE_MARGIN_SECONDS = 60.0
+# Redis not answering (refused, reset, timed out).
+REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
+LOCK_KEY = "kinsite:session-turn:{session_id}"
 
 
 class SessionBusy(Conflict):
     code = "session_busy"
+
+
+class LockUnavailable(ServiceUnavailable):
+    """Redis, which holds the session locks, did not answer."""
 
 
 def lease_seconds() -> float:
@@ -42,14 +55,26 @@ class SessionLock:
 
     def refresh(self) -> None:
         if self._redis_lock is not None:
-            self._redis_lock.reacquire()
+            try:
+                self._redis_lock.reacquire()
+            except REDIS_DOWN as exc:
+                raise _unavailable(self._redis_lock.name, exc) from exc
 
 
 @lru_cache(maxsize=4)
 def _redis_client(url: str):
-    import redis
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=settings.REDIS_CONNECT_TIMEOUT_SECONDS,
+        socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS,
+    )
 
-    return redis.Redis.from_url(url)
+
+def _unavailable(key: str, exc: Exception) -> LockUnavailable:
+    return LockUnavailable(
+        f"The session lock service (Redis) is unreachable: {exc}",
+        details={"service": "redis", "lock": key},
+    )
 
 
 _local_guard = threading.Lock()
@@ -73,12 +98,14 @@ def session_lock(session_id: int, timeout: float | None = None) -> Iterator[Sess
         details={"session": session_id},
     )
     if settings.REDIS_URL:
-        from redis.exceptions import LockError
-
         lock = _redis_client(settings.REDIS_URL).lock(
-            f"kinsite:session-turn:{session_id}", timeout=lease_seconds(), blocking_timeout=wait
+            LOCK_KEY.format(session_id=session_id), timeout=lease_seconds(), blocking_timeout=wait
         )
-        if not lock.acquire():
+        try:
+            acquired = lock.acquire()
+        except REDIS_DOWN as exc:
+            raise _unavailable(lock.name, exc) from exc
+        if not acquired:
             raise busy
         try:
             yield SessionLock(lock)
@@ -87,6 +114,8 @@ def session_lock(session_id: int, timeout: float | None = None) -> Iterator[Sess
                 lock.release()
             except LockError:
                 pass  # the lease ran out; whoever holds the lock now keeps it
+            except REDIS_DOWN:
+                pass  # Redis went away; the lease ends on its own and must not hide the outcome
     else:
         lock = _local_lock(session_id)
         if not lock.acquire(timeout=wait):

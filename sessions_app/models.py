@@ -174,7 +174,11 @@ class Turn(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        indexes = [models.Index(fields=["session", "status"], name="turn_session_status")]
+        indexes = [
+            models.Index(fields=["session", "status"], name="turn_session_status"),
+            # The requeue sweep (every minute) reads only pending turns, whatever the table's size.
+            models.Index(fields=["id"], condition=Q(status="pending"), name="turn_pending"),
+        ]
 
     def __str__(self):
         return f"Turn {self.pk} ({self.status})"

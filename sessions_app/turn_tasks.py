@@ -1,4 +1,5 @@
-"""The Celery task of an async chat turn: load the turn by id and run it (sessions_app.turns)."""
+"""The Celery tasks of chat turns: run an async turn by id (sessions_app.turns), and the
+sweep that queues again the turns whose task never reached the broker or was lost with it."""
 from celery import shared_task
 
 
@@ -9,3 +10,11 @@ def run_turn_task(turn_id: int) -> None:
     from sessions_app.turns import turn_run
 
     turn_run(turn_id=turn_id)
+
+
+@shared_task
+def requeue_pending_turns_task() -> int:
+    """Every minute (beat): queue again the async turns left pending without a task."""
+    from sessions_app.turns import turns_requeue
+
+    return len(turns_requeue())

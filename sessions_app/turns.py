@@ -4,19 +4,28 @@ prompt, call the model, run its tool calls, store the reply, schedule background
 Turns of one session run one after the other under the session lock
 (sessions_app.locks). Each step commits on its own: the user's message before the
 model is called (so a failing model loses nothing), each tool round as it happens (a
-memory the kin stored stays recorded), and the reply with the turn's outcome."""
+memory the kin stored stays recorded), and the reply with the turn's outcome.
+
+When Redis is down the API answers 503 and says what it kept: a sync post stores
+nothing (no turn can run without the session lock); an async post keeps its message
+and pending turn, and `turns_requeue` (beat, every minute) queues the turn once the
+broker is back."""
 from __future__ import annotations
 
 import json
 import logging
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerUnreachable
+from redis.exceptions import RedisError
 
-from kinsite.errors import UpstreamError
+from kinsite.errors import ServiceUnavailable, UpstreamError
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.types import LLMError, ToolCall
 from kinsite.tokencount import count_tokens
@@ -26,7 +35,7 @@ from memories.tools import MemoryTool, ToolContext
 from sessions_app.compaction import compaction_needed
 from sessions_app.context import prompt_assemble
 from sessions_app.introspection import IntrospectionDisabled, introspection_after_turn, introspection_request
-from sessions_app.locks import SessionLock, session_lock
+from sessions_app.locks import LockUnavailable, SessionLock, session_lock
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.tools import kin_toolset
 
@@ -35,12 +44,26 @@ logger = logging.getLogger(__name__)
 COMMANDS = ("checkpoint", "new")
 # A tool's answer is cut to this many characters before it goes back to the model.
 TOOL_RESULT_MAX_CHARS = 16_000
+# Set in the cache (the same Redis as the queue) when a turn's task is sent: a pending turn
+# without it has no task in the queue. It lasts as long as the broker may hold a task
+# unacknowledged; after that a turn still pending is queued again, harmlessly.
+QUEUED_KEY = "kinsite:turn-queued:{turn_id}"
+# A pending turn younger than this may still have its task on the way (sent on commit).
+REQUEUE_AFTER = timedelta(minutes=1)
+REQUEUE_BATCH = 500
 
 
 class TurnFailed(UpstreamError):
     """The model call of a turn failed; the user's message is stored and the turn records the error."""
 
     code = "llm_error"
+
+
+class TurnNotQueued(ServiceUnavailable):
+    """An async turn is stored, but the broker (Redis) did not take its task; it stays
+    pending and turns_requeue queues it once the broker is back."""
+
+    code = "broker_unavailable"
 
 
 @dataclass(frozen=True)
@@ -68,19 +91,24 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
     """Post a user message to a session and answer it.
 
     Sync: waits for the session's previous turn, runs this one and returns it done, or
-    raises TurnFailed (502) after recording the error on the turn. Async: stores the
-    message and a pending turn and enqueues run_turn_task after commit; poll the turn."""
+    raises TurnFailed (502) after recording the error on the turn, or ServiceUnavailable
+    (503) when Redis, holding the session lock, is down (before the turn: nothing stored).
+    Async: stores the message and a pending turn and enqueues run_turn_task after commit;
+    poll the turn. With the broker down it raises TurnNotQueued (503), the turn kept."""
     if is_async:
         with transaction.atomic():
             turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=True)
-            from sessions_app.turn_tasks import run_turn_task
-
-            transaction.on_commit(lambda: run_turn_task.delay(turn.pk))
+            # Raises TurnNotQueued (503) after the commit when the broker is down: the turn is kept.
+            transaction.on_commit(lambda: _turn_enqueue(turn))
         return turn
-    with session_lock(session.pk) as lock:
-        with transaction.atomic():
-            turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=False)
-        _turn_execute(turn=turn, lock=lock, raise_errors=True)
+    turn = None
+    try:
+        with session_lock(session.pk) as lock:
+            with transaction.atomic():
+                turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=False)
+            _turn_execute(turn=turn, lock=lock, raise_errors=True)
+    except LockUnavailable as exc:
+        raise _lock_outage(session=session, turn=turn) from exc
     _schedule_background_work(session=session, turn=turn)
     return turn
 
@@ -104,7 +132,74 @@ def turn_run(*, turn_id: int) -> Turn | None:
     return turn
 
 
+def turns_requeue(*, now: datetime | None = None) -> list[int]:
+    """Queue again the async turns left pending without a task in the queue: posted while
+    the broker was down (the post answered 503 and kept the turn), or queued before Redis
+    lost its data in a restart. Returns their ids. A turn queued twice still runs once
+    (turn_run claims it), so a marker lost on its own costs a duplicate task, nothing more.
+    It reads the pending turns only (partial index turn_pending); the oldest REQUEUE_BATCH
+    go first."""
+    cutoff = (now or timezone.now()) - REQUEUE_AFTER
+    pending = list(
+        Turn.objects.filter(status=Turn.Status.PENDING, is_async=True, created_at__lte=cutoff)
+        .order_by("id").values_list("pk", flat=True)[:REQUEUE_BATCH]
+    )
+    if not pending:
+        return []
+    queued = cache.get_many([QUEUED_KEY.format(turn_id=turn_id) for turn_id in pending])
+    requeued = []
+    for turn_id in pending:
+        if QUEUED_KEY.format(turn_id=turn_id) not in queued:
+            _task_send(turn_id)  # the broker down again: the task fails, the next sweep retries
+            requeued.append(turn_id)
+    if requeued:
+        logger.info("Queued %d pending turns again: %s", len(requeued), requeued)
+    return requeued
+
+
 # --- steps -----------------------------------------------------------------------------------
+
+
+def _turn_enqueue(turn: Turn) -> None:
+    """Send the async turn's task; the broker not answering raises TurnNotQueued (503),
+    leaving the stored turn pending for turns_requeue."""
+    try:
+        _task_send(turn.pk)
+    except BrokerUnreachable as exc:
+        logger.warning("Turn %s is stored but not queued, the broker is unreachable: %s", turn.pk, exc)
+        raise TurnNotQueued(
+            f"The task queue (Redis) is unreachable, so turn {turn.pk} could not be queued yet. Your message "
+            f"is stored (message {turn.user_message_id}) and the turn stays pending: it runs once the queue "
+            f"is back. Poll GET /api/v1/turns/{turn.pk}/ and do not post the message again.",
+            details={"service": "redis", "stored": True, "turn": turn.pk, "message": turn.user_message_id},
+        ) from exc
+
+
+def _task_send(turn_id: int) -> None:
+    from sessions_app.turn_tasks import run_turn_task
+
+    run_turn_task.delay(turn_id)
+    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout", 3600)
+    try:
+        cache.set(QUEUED_KEY.format(turn_id=turn_id), True, timeout=visibility)
+    except RedisError as exc:
+        # The task is queued; without its marker the sweep merely queues it once more.
+        logger.warning("Turn %s is queued but not marked so: %s", turn_id, exc)
+
+
+def _lock_outage(*, session: Session, turn: Turn | None) -> ServiceUnavailable:
+    """What a sync post answers when Redis, which holds the session lock, is down."""
+    if turn is None:
+        return ServiceUnavailable(
+            "Your message was not stored: the session lock service (Redis) is unreachable, so no turn can "
+            "run. Post it again shortly.",
+            details={"service": "redis", "stored": False, "session": session.pk},
+        )
+    return ServiceUnavailable(
+        f"The session lock service (Redis) became unreachable while the kin was answering. Your message is "
+        f"stored (message {turn.user_message_id}) and turn {turn.pk} records the error; post again shortly.",
+        details={"service": "redis", "stored": True, "turn": turn.pk, "message": turn.user_message_id},
+    )
 
 
 def _turn_open(*, session: Session, content: str, sender: str, platform: str, is_async: bool) -> Turn:
@@ -141,6 +236,11 @@ def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> None:
         return
     try:
         _converse(turn=turn, session=session, message=message, lock=lock)
+    except ServiceUnavailable as exc:
+        # Redis went away mid-turn (the lock could not be renewed): the turn stops, and says why.
+        _turn_fail(turn=turn, error=exc.message)
+        if raise_errors:
+            raise
     except LLMError as exc:
         _turn_fail(turn=turn, error=exc.message)
         if raise_errors:

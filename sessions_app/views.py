@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 
+from kinsite.errors import ServiceUnavailable
 from kinsite.views import render_partial_or_page, team_required, wants_partial
 from sessions_app import selectors, turns
 from sessions_app.context import prompt_assemble
@@ -362,6 +363,11 @@ def session_post(request, session_id: int):
         if partial:
             return _post_partial(request, chat_session, entries=[], form=form, error=error)
         return _session_page(request, chat_session, form=form, error=error, status=409)
+    except ServiceUnavailable as exc:
+        # Redis (the session lock) is down: the error says whether the message was stored.
+        if partial:
+            return _post_partial(request, chat_session, entries=[], form=form, error=exc.message)
+        return _session_page(request, chat_session, form=form, error=exc.message, status=503)
     if not partial:
         return redirect(reverse("dashboard:session_detail", args=[chat_session.pk]))
     events = Event.objects.filter(pk__in=[turn.user_message_id, turn.reply_id]).order_by("created_at", "id")

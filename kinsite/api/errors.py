@@ -3,13 +3,21 @@ import logging
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
+from kombu.exceptions import OperationalError as BrokerUnreachable
+from redis.exceptions import ConnectionError as RedisUnreachable
+from redis.exceptions import TimeoutError as RedisTimeout
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler, set_rollback
 
-from kinsite.errors import KinsiteError
+from kinsite.errors import KinsiteError, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
+
+# Redis unreachable: the task queue (kombu) or the cache and locks (redis-py). Paths that
+# know what they stored raise ServiceUnavailable themselves; any other gets a generic 503
+# rather than a 500, since the request was fine and will work once Redis is back.
+OUTAGE_ERRORS = (BrokerUnreachable, RedisUnreachable, RedisTimeout)
 
 
 def error_body(code: str, message: str, details=None) -> dict:
@@ -26,9 +34,19 @@ def _message_and_details(exc: exceptions.APIException):
 
 
 def api_exception_handler(exc, context):
+    if isinstance(exc, OUTAGE_ERRORS):
+        logger.warning("Redis is unreachable during %s: %s", getattr(context.get("request"), "path", "?"), exc)
+        exc = ServiceUnavailable(
+            "A backing service (Redis: the task queue, locks and cache) is unreachable, so this request "
+            "could not be completed. Try again shortly.",
+            details={"service": "redis"},
+        )
     if isinstance(exc, KinsiteError):
         set_rollback()
-        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+        response = Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+        if isinstance(exc, ServiceUnavailable):
+            response["Retry-After"] = str(exc.retry_after)
+        return response
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

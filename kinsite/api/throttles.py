@@ -4,11 +4,20 @@ A view opts in with `throttle_classes = [TokenRateThrottle]` and `throttle_scope
 (or "jobs"); the scope's rate is `settings.API_THROTTLE_RATES[scope]` (API_RATE_CHAT,
 API_RATE_JOBS). The bucket is the API token, not the IP or the user: one script with
 one token gets its own allowance, and two tokens of a team do not share one.
+
+When the cache (Redis) is unreachable the limit fails open: the request goes on, since
+refusing every chat post would turn a cache outage into a full one, and the endpoints
+behind the throttle answer for themselves (503) if they need Redis too.
 """
+import logging
+
 from django.conf import settings
+from redis.exceptions import RedisError
 from rest_framework import exceptions
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.throttling import SimpleRateThrottle
+
+logger = logging.getLogger(__name__)
 
 
 class TokenRateThrottle(SimpleRateThrottle):
@@ -38,7 +47,11 @@ class TokenRateThrottle(SimpleRateThrottle):
             return True
         self.rate = self.get_rate()
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request, view)
+        try:
+            return super().allow_request(request, view)
+        except RedisError as exc:
+            logger.warning("Rate limit for %s not checked, the cache is unreachable: %s", self.scope, exc)
+            return True
 
     def get_cache_key(self, request, view):
         token = getattr(request.user, "token", None)
