@@ -4,7 +4,7 @@ user's team; other teams' objects answer 404."""
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponseForbidden
+from django.http import HttpResponseBadRequest, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 from django.utils.cache import patch_vary_headers
@@ -17,13 +17,31 @@ from sessions_app import selectors as sessions
 SEARCH_MAX_CHARS = 100
 
 
+NUL_REFUSED = "The request contains a NUL character (\\0), which Kinsite cannot store or look up."
+
+
+def _has_nul(request, kwargs: dict) -> bool:
+    values = [str(value) for value in kwargs.values()]
+    for data in (request.GET, request.POST):
+        for key, items in data.lists():
+            values.append(key)
+            values.extend(str(item) for item in items)
+    return any("\x00" in value for value in values)
+
+
 def team_required(view):
     """login_required, plus the user's team as `request.team`. A user who
-    belongs to no team gets a page saying so instead of the view."""
+    belongs to no team gets a page saying so instead of the view.
+
+    It also refuses (400) any parameter or path part holding a NUL character, for every
+    dashboard page at once: PostgreSQL text cannot hold one, so a search or a form field
+    that reached a query with it would fail with a 500."""
 
     @login_required
     @wraps(view)
     def wrapper(request, *args, **kwargs):
+        if _has_nul(request, kwargs):
+            return HttpResponseBadRequest(NUL_REFUSED, content_type="text/plain; charset=utf-8")
         request.team = team_for_user(user=request.user)
         if request.team is None:
             return render(request, "base.html", {"no_team": True})

@@ -71,7 +71,7 @@ class WorkflowDocument:
 
 
 def _str(value: Any, *, where: str, max_length: int, errors: list[str], required: bool = False) -> str:
-    if value is None or value == "":
+    if value is None or value == "" or (required and isinstance(value, str) and not value.strip()):
         if required:
             errors.append(f"{where} is required.")
         return ""

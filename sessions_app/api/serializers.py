@@ -5,10 +5,17 @@ from rest_framework import serializers
 from sessions_app.models import Event, IntrospectionRun, Kin, Session, Turn
 from workflows.models import Workflow
 
+# Identity texts go into every prompt of the kin: generous, but bounded (the model's
+# TextFields are not).
+KIN_TEXT_MAX_CHARS = 10_000
+
 
 class KinSerializer(serializers.ModelSerializer):
     parent = serializers.PrimaryKeyRelatedField(queryset=Kin.objects.none(), required=False, allow_null=True)
     history_token_budget = serializers.IntegerField(required=False, allow_null=True, min_value=1000, max_value=2_000_000)
+    character = serializers.CharField(required=False, allow_blank=True, max_length=KIN_TEXT_MAX_CHARS)
+    expertise = serializers.CharField(required=False, allow_blank=True, max_length=KIN_TEXT_MAX_CHARS)
+    spawn_reason = serializers.CharField(required=False, allow_blank=True, max_length=KIN_TEXT_MAX_CHARS)
 
     class Meta:
         model = Kin

@@ -81,7 +81,7 @@ class WorkflowDocumentSerializer(serializers.Serializer):
     """For the schema only: the shape POST and PUT take."""
 
     name = serializers.CharField(max_length=200)
-    description = serializers.CharField(required=False, allow_blank=True)
+    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)  # as document_clean
     nodes = serializers.ListField(
         child=serializers.DictField(), help_text="[{id, type, label, config, position}]; id is the client's id."
     )

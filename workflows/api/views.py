@@ -3,6 +3,7 @@ lineage. Reads come from workflows.selectors (scoped to the token's team); write
 through workflows.services."""
 
 from django.db.models import Count
+from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.generics import ListAPIView
@@ -117,6 +118,9 @@ class NodeLineageView(APIView):
     )
     def get(self, request, workflow_id, node_id):
         workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
+        if "\x00" in node_id:
+            # No node has such an id (PostgreSQL text cannot hold NUL, and the query would fail).
+            raise Http404
         selectors.node_get(workflow=workflow, client_id=node_id)
         params = LineageQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
