@@ -31,9 +31,8 @@ INCOMING_WORDS = (5, 30)
 # Which part of the assembly a query belongs to, by a fragment of its SQL (first match wins).
 QUERY_KINDS = (
     ("running_tokens", "history: candidate events"),
-    ("GROUP BY", "history: message counts"),
-    ('FROM "sessions_app_session"', "session + kin"),  # with the newest summary since 2026-12-02
-    ('FROM "sessions_app_summary"', "history: newest summary"),
+    ("sessions_app_messagecount", "history: message counts"),  # counters kept by triggers since 2026-12-02
+    ("consolidation_experienceversion", "session extras (experience, parent, summary)"),
     ("unnest(to_tsvector", "memories: query lexemes"),
     ("ts_stat(", "memories: scope stats"),
     ("avg(length(", "memories: scope stats"),
