@@ -197,7 +197,7 @@ def celery_nodes(redis_url: str) -> list[str]:
     """The node names of the Celery workers that consume from this Redis db."""
     from celery import Celery
 
-    probe = Celery("load-probe", broker=redis_url)
+    probe = Celery("load-probe", broker=redis_url, set_as_current=False)
     try:
         return sorted(name for reply in probe.control.ping(timeout=1.0) or [] for name in reply)
     finally:

@@ -6,8 +6,6 @@ from django.urls import reverse
 from playwright.sync_api import expect
 
 from tests.abuse.markup import HTML_PAYLOAD, build_markup_world
-# The browser fixtures of tests/browser (a conftest there is not seen from here).
-from tests.browser.conftest import browser, browser_team, browser_user, logged_in_page, page  # noqa: F401
 
 pytestmark = pytest.mark.browser
 

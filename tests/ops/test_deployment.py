@@ -113,7 +113,8 @@ def seed_beat_schedule(path: Path) -> None:
 
 def worker_nodes(broker_url: str) -> set[str]:
     """The node names of the Celery workers that answer a ping on this broker."""
-    probe = celery.Celery("deploy-probe", broker=broker_url)
+    # Not the current app: shared tasks sent later in this test process would go to it.
+    probe = celery.Celery("deploy-probe", broker=broker_url, set_as_current=False)
     try:
         return {name for reply in probe.control.ping(timeout=1.0) or [] for name in reply}
     finally:
