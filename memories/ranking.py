@@ -18,8 +18,8 @@ import re
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from datetime import datetime
+from functools import lru_cache
 
 from kinsite.textsearch import query_terms
 
