@@ -6,7 +6,7 @@ functions of memories.ranking."""
 import logging
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import NamedTuple
 
 from django.conf import settings
@@ -14,12 +14,12 @@ from django.core.cache import cache
 from django.db import connection
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
 from kinsite.llm.gateway import llm_embed
 from kinsite.llm.providers import get_default_provider
 from kinsite.models import Team
+from kinsite.rawsql import aware_datetime
 from kinsite.textsearch import fts5_match_expression, query_terms
 from memories import ranking
 from memories.models import Memory, MemoryChange
@@ -342,17 +342,8 @@ def _text_scores_sqlite(terms, scope_sql, params, limit):
     params = {**params, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT, "limit": limit}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [TextMatch(row[0], float(row[1]), row[2], row[3], _sqlite_datetime(row[4]), row[5])
+        return [TextMatch(row[0], float(row[1]), row[2], row[3], aware_datetime(row[4]), row[5])
                 for row in cursor.fetchall()]
-
-
-def _sqlite_datetime(value) -> datetime:
-    # A raw SQLite cursor returns the stored text; with USE_TZ Django stores it in UTC.
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    if settings.USE_TZ and timezone.is_naive(value):
-        value = value.replace(tzinfo=UTC)
-    return value
 
 
 # --- duplicates -------------------------------------------------------------------------------

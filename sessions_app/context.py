@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from consolidation.selectors import experience_markdown_sql, experience_nested
 from kinsite.llm.types import Message, ToolCall
+from kinsite.rawsql import aware_datetime
 from kinsite.tokencount import count_tokens
 from memories.selectors import memory_search
 from sessions_app.history import HistoryItem, select_history
@@ -67,7 +67,7 @@ class EventRow(NamedTuple):
     def created_at(self) -> datetime:
         # Read as text and parsed on use: the driver's timestamptz loader (Django's, in
         # Python) cost several ms for the ~700 rows of a turn, which reads two of them.
-        return _parse_timestamp(self.created_at_text)
+        return aware_datetime(self.created_at_text)
 
 
 class HistoryEntry(NamedTuple):
@@ -211,7 +211,7 @@ def _session_extras(session: Session) -> SessionExtras:
         markdown, parent_name, workflow_name, content, last_event_id, last_at, message_count = cursor.fetchone()
     summary = None
     if last_event_id is not None:
-        summary = Boundary(content=content, last_event_id=last_event_id, last_at=_parse_timestamp(last_at),
+        summary = Boundary(content=content, last_event_id=last_event_id, last_at=aware_datetime(last_at),
                            message_count=message_count)
     return SessionExtras(markdown or "", parent_name, workflow_name, summary)
 
@@ -223,15 +223,6 @@ def _canvas(session: Session, workflow_name: str | None) -> str:
         return ""
     workflow = Workflow(pk=session.workflow_id, team_id=session.kin.team_id, name=workflow_name)
     return workflow_canvas(workflow=workflow)
-
-
-def _parse_timestamp(text: str) -> datetime:
-    """A timestamp read as text (CAST(... AS TEXT)) as an aware datetime: Django's
-    timestamptz loader is Python and costs more than this for the rows a prompt reads."""
-    value = parse_datetime(text)
-    if settings.USE_TZ and timezone.is_naive(value):
-        value = value.replace(tzinfo=UTC)
-    return value
 
 
 def _boundary_sql(summary: Boundary | None) -> tuple[str, list[Any]]:
@@ -289,7 +280,7 @@ def _message_counts(session_id: int) -> list[tuple[str, str, str, int, datetime]
             f"FROM {MessageCount._meta.db_table} WHERE session_id = %s",
             [session_id],
         )
-        return [(role, sender, platform, count, _parse_timestamp(last_at))
+        return [(role, sender, platform, count, aware_datetime(last_at))
                 for role, sender, platform, count, last_at in cursor.fetchall()]
 
 

@@ -15,18 +15,14 @@ from functools import lru_cache
 
 import redis
 from django.conf import settings
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import LockError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kinsite.errors import Conflict, ServiceUnavailable
+from kinsite.errors import REDIS_UNREACHABLE, Conflict, ServiceUnavailable
 
 # How long a turn waits for the session's previous turn to finish.
 DEFAULT_WAIT_SECONDS = 300.0
 # Margin on top of one model call's worst case (timeout × attempts plus backoff).
 LEASE_MARGIN_SECONDS = 60.0
-# Redis not answering (refused, reset, timed out).
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
 LOCK_KEY = "kinsite:session-turn:{session_id}"
 
 
@@ -57,7 +53,7 @@ class SessionLock:
         if self._redis_lock is not None:
             try:
                 self._redis_lock.reacquire()
-            except REDIS_DOWN as exc:
+            except REDIS_UNREACHABLE as exc:
                 raise _unavailable(self._redis_lock.name, exc) from exc
 
 
@@ -103,7 +99,7 @@ def session_lock(session_id: int, timeout: float | None = None) -> Iterator[Sess
         )
         try:
             acquired = lock.acquire()
-        except REDIS_DOWN as exc:
+        except REDIS_UNREACHABLE as exc:
             raise _unavailable(lock.name, exc) from exc
         if not acquired:
             raise busy
@@ -114,7 +110,7 @@ def session_lock(session_id: int, timeout: float | None = None) -> Iterator[Sess
                 lock.release()
             except LockError:
                 pass  # the lease ran out; whoever holds the lock now keeps it
-            except REDIS_DOWN:
+            except REDIS_UNREACHABLE:
                 pass  # Redis went away; the lease ends on its own and must not hide the outcome
     else:
         lock = _local_lock(session_id)

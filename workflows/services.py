@@ -18,6 +18,7 @@ from workflows.models import Edge, Node, NodeRun, Workflow, WorkflowRun
 from workflows.registry import NODE_TYPES, validate_params
 
 MAX_NODES = 10_000
+DESCRIPTION_MAX_CHARS = 10_000
 MAX_EDGES = 50_000
 NODE_KEYS = {"id", "type", "label", "config", "position"}
 EDGE_KEYS = {"source", "target", "source_handle", "target_handle", "kind"}
@@ -93,7 +94,7 @@ def document_clean(data: Any) -> WorkflowDocument:
     if unknown:
         errors.append(f"unknown keys: {', '.join(unknown)} (allowed: {', '.join(sorted(DOCUMENT_KEYS))}).")
     name = _str(data.get("name"), where="name", max_length=200, errors=errors, required=True)
-    description = _str(data.get("description"), where="description", max_length=10_000, errors=errors)
+    description = _str(data.get("description"), where="description", max_length=DESCRIPTION_MAX_CHARS, errors=errors)
     raw_nodes, raw_edges = data.get("nodes", []), data.get("edges", [])
     if not isinstance(raw_nodes, list) or not isinstance(raw_edges, list):
         raise WorkflowInvalid("'nodes' and 'edges' must be lists.", details={"errors": errors})

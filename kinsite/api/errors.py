@@ -4,20 +4,18 @@ import logging
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from kombu.exceptions import OperationalError as BrokerUnreachable
-from redis.exceptions import ConnectionError as RedisUnreachable
-from redis.exceptions import TimeoutError as RedisTimeout
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler, set_rollback
 
-from kinsite.errors import KinsiteError, ServiceUnavailable
+from kinsite.errors import REDIS_UNREACHABLE, KinsiteError, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
 # Redis unreachable: the task queue (kombu) or the cache and locks (redis-py). Paths that
 # know what they stored raise ServiceUnavailable themselves; any other gets a generic 503
 # rather than a 500, since the request was fine and will work once Redis is back.
-OUTAGE_ERRORS = (BrokerUnreachable, RedisUnreachable, RedisTimeout)
+OUTAGE_ERRORS = (BrokerUnreachable, *REDIS_UNREACHABLE)
 
 
 def error_body(code: str, message: str, details=None) -> dict:

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from workflows import registry
 from workflows.models import Node, NodeRun, Workflow, WorkflowRun
-from workflows.services import config_fingerprint, workflow_export
+from workflows.services import DESCRIPTION_MAX_CHARS, config_fingerprint, workflow_export
 
 LINEAGE_FORMATS = ["json", "narrative", "prov", "openlineage"]
 LINEAGE_MAX_CHARS_LIMIT = 100_000
@@ -81,7 +81,7 @@ class WorkflowDocumentSerializer(serializers.Serializer):
     """For the schema only: the shape POST and PUT take."""
 
     name = serializers.CharField(max_length=200)
-    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)  # as document_clean
+    description = serializers.CharField(required=False, allow_blank=True, max_length=DESCRIPTION_MAX_CHARS)
     nodes = serializers.ListField(
         child=serializers.DictField(), help_text="[{id, type, label, config, position}]; id is the client's id."
     )
