@@ -6,6 +6,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
@@ -88,6 +89,49 @@ def database_version(connection) -> str:
             return "PostgreSQL " + cursor.fetchone()[0]
         cursor.execute("SELECT sqlite_version()")
         return "SQLite " + cursor.fetchone()[0]
+
+
+def python_speed_ms(repeats: int = 7) -> float:
+    """The best of `repeats` runs of a fixed pure-Python workload (dict updates, string
+    formatting, integer arithmetic, a sort), in ms. The same machine has run the same
+    benchmark up to three times slower at some hours than at others (bench/README.md,
+    Latest figures), so every run records this next to its figures: compare runs whose
+    speed is alike, or scale by it. Lower is faster."""
+    def workload():
+        table: dict[str, int] = {}
+        for i in range(60_000):
+            key = f"k{i % 997}"
+            table[key] = table.get(key, 0) + i * i % 7
+        return sorted(table.items())
+
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        workload()
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 2)
+
+
+def cpu_times() -> list[int] | None:
+    """The machine's cumulative CPU times (/proc/stat's first line: user, nice, system,
+    idle, iowait, irq, softirq, steal, ...), or None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def machine_state(before: list[int] | None, after: list[int] | None) -> dict:
+    """CPU shares between two cpu_times() readings: busy (all but idle and iowait) and
+    stolen by the hypervisor; percentages of all cores' time."""
+    if not before or not after:
+        return {}
+    delta = [b - a for a, b in zip(before, after)]
+    total = sum(delta[:8]) or 1
+    idle = delta[3] + delta[4]
+    steal = delta[7] if len(delta) > 7 else 0
+    return {"busy_percent": round(100 * (total - idle) / total, 1), "steal_percent": round(100 * steal / total, 1)}
 
 
 def machine() -> dict:

@@ -19,7 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ThrowawayDatabase, database_version, latency_summary, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    ThrowawayDatabase, cpu_times, database_version, latency_summary, machine_state, python_speed_ms, write_results,
+)
 from bench.synthetic import SESSION_USERS, memories_populate, message_text, session_populate  # noqa: E402
 
 TARGET_P50_MS = 20.0
@@ -31,8 +33,8 @@ INCOMING_WORDS = (5, 30)
 # Which part of the assembly a query belongs to, by a fragment of its SQL (first match wins).
 QUERY_KINDS = (
     ("running_tokens", "history: candidate events"),
-    ("sessions_app_messagecount", "history: message counts"),  # counters kept by triggers since 2026-12-02
-    ("consolidation_experienceversion", "session extras (experience, parent, summary)"),
+    # The message counts (counters kept by triggers) had their own query until the evening of 2026-12-02.
+    ("consolidation_experienceversion", "session extras (experience, parent, summary, message counts)"),
     ("unnest(to_tsvector", "memories: query lexemes"),
     ("ts_stat(", "memories: scope stats"),
     ("avg(length(", "memories: scope stats"),
@@ -314,11 +316,14 @@ def run(*, kins: int, per_kin: int, messages: int, assemblies: int, profile_runs
         "load_seconds": {"memories": round(memory_seconds, 1), "messages": round(message_seconds, 1)},
         "target": {"p50_ms": TARGET_P50_MS, "p99_ms": TARGET_P99_MS},
     }
-    # Other work on the machine inflates every figure; the load is recorded with them.
-    load_before = os.getloadavg()[0]
+    # Other work on the machine, and the machine's own speed of the hour, move every
+    # figure; both are recorded with them (bench/common.py: python_speed_ms).
+    load_before, speed_before, times_before = os.getloadavg()[0], python_speed_ms(), cpu_times()
     for mode in modes:
         figures[mode] = time_mode(mode, session, incoming)
     figures["load_average_1min"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
+    figures["machine_state"] = {"python_speed_ms": {"before": speed_before, "after": python_speed_ms()},
+                                **machine_state(times_before, cpu_times())}
     if profile_runs:
         profiled = profile(session, incoming[:profile_runs])
         slowest = profiled.pop("_slowest")
@@ -338,6 +343,11 @@ def report(figures: dict) -> None:
     if "load_average_1min" in figures:
         load = figures["load_average_1min"]
         print(f"  machine load (1-min average) {load['before']} before timing, {load['after']} after")
+    if "machine_state" in figures:
+        state = figures["machine_state"]
+        speed = state["python_speed_ms"]
+        print(f"  machine speed: python workload {speed['before']} ms before timing, {speed['after']} ms after "
+              f"(lower is faster); CPU busy {state.get('busy_percent', '?')} %, stolen {state.get('steal_percent', '?')} %")
     print(f"  {'path':<8} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'max ms':>7} {'queries':>7}  {'system tok':>10} "
           f"{'history msgs':>12} {'history tok':>11}")
     for mode in MODES:

@@ -178,20 +178,33 @@ class Boundary:
 
 class SessionExtras(NamedTuple):
     """What a prompt needs beyond the session and kin rows the caller holds: the kin's
-    current experience document, its parent's name, the attached workflow's name and
-    the newest compaction summary."""
+    current experience document, its parent's name, the attached workflow's name, the
+    newest compaction summary, and per (role, sender, platform) the session's message
+    count and newest message time."""
 
     experience_markdown: str
     parent_name: str | None
     workflow_name: str | None
     summary: Boundary | None
+    counts: list[tuple[str, str, str, int, datetime]]
+
+
+def _counts_sql() -> str:
+    """The session's message counters (MessageCount, kept by database triggers: a few
+    rows whatever the history) as one JSON array of [role, sender, platform, count,
+    newest time as text], so they travel in the extras' single row."""
+    table = MessageCount._meta.db_table
+    columns = "c.role, c.sender, c.platform, c.message_count, CAST(c.last_at AS TEXT)"
+    if connection.vendor == "postgresql":
+        return f"(SELECT json_agg(json_build_array({columns})) FROM {table} c WHERE c.session_id = %s)"
+    return f"(SELECT json_group_array(json_array({columns})) FROM {table} c WHERE c.session_id = %s)"
 
 
 def _session_extras(session: Session) -> SessionExtras:
     """One statement of scalar subqueries on primary keys and small indexes (the
-    summary_session_newest index for the newest summary), written as SQL: the same read
-    through the ORM, with its annotations and joins, cost ~7 ms of Python per turn to
-    compile."""
+    summary_session_newest index for the newest summary, the message counters' session
+    index), written as SQL: the same read through the ORM, with its annotations and
+    joins, cost ~7 ms of Python per turn to compile."""
     kin = session.kin
     kin_table, workflow_table = Kin._meta.db_table, Workflow._meta.db_table
     summary_table, event_table = Summary._meta.db_table, Event._meta.db_table
@@ -201,19 +214,25 @@ def _session_extras(session: Session) -> SessionExtras:
         SELECT {experience_markdown_sql("%s")},
                (SELECT p.name FROM {kin_table} p WHERE p.id = %s),
                (SELECT w.name FROM {workflow_table} w WHERE w.id = %s),
+               {_counts_sql()},
                y.content, y.last_event_id, CAST(e.created_at AS TEXT), y.message_count
         FROM (SELECT 1) one
         LEFT JOIN {summary_table} y ON y.id = {newest_summary}
         LEFT JOIN {event_table} e ON e.id = y.last_event_id
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [kin.pk, kin.parent_id, session.workflow_id, session.pk])
-        markdown, parent_name, workflow_name, content, last_event_id, last_at, message_count = cursor.fetchone()
+        cursor.execute(sql, [kin.pk, kin.parent_id, session.workflow_id, session.pk, session.pk])
+        (markdown, parent_name, workflow_name, counts,
+         content, last_event_id, last_at, message_count) = cursor.fetchone()
     summary = None
     if last_event_id is not None:
         summary = Boundary(content=content, last_event_id=last_event_id, last_at=aware_datetime(last_at),
                            message_count=message_count)
-    return SessionExtras(markdown or "", parent_name, workflow_name, summary)
+    if isinstance(counts, str):
+        counts = json.loads(counts)
+    counts = [(role, sender, platform, count, aware_datetime(newest))
+              for role, sender, platform, count, newest in counts or ()]
+    return SessionExtras(markdown or "", parent_name, workflow_name, summary, counts)
 
 
 def _canvas(session: Session, workflow_name: str | None) -> str:
@@ -271,19 +290,6 @@ def _candidate_events(session_id: int, summary: Boundary | None, budget: int) ->
     ]
 
 
-def _message_counts(session_id: int) -> list[tuple[str, str, str, int, datetime]]:
-    """Per (role, sender, platform): messages and the newest one's time, from the
-    counters the database keeps (MessageCount): a few rows, whatever the history."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT role, sender, platform, message_count, CAST(last_at AS TEXT) "
-            f"FROM {MessageCount._meta.db_table} WHERE session_id = %s",
-            [session_id],
-        )
-        return [(role, sender, platform, count, aware_datetime(last_at))
-                for role, sender, platform, count, last_at in cursor.fetchall()]
-
-
 def prompt_inputs_for(
     *,
     session: Session,
@@ -307,7 +313,7 @@ def prompt_inputs_for(
     budget = kin.effective_history_budget
     extras = _session_extras(session)
     summary = extras.summary
-    counts = _message_counts(session.pk)
+    counts = extras.counts
     events = _candidate_events(session.pk, summary, budget)
 
     pending = current_event is None and bool(message_text.strip())

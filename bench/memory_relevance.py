@@ -1,0 +1,425 @@
+"""Memory-search relevance benchmark on LoCoMo: every dialogue turn becomes a memory of
+one kin (plus synthetic filler), every QA question is a query, and the turns it cites
+are the answer key. Reports evidence recall, hit rate, MRR, latency and BM25 candidate
+counts for a grid of common-term settings (memories.selectors.COMMON_TERM_SHARE /
+COMMON_TERM_MIN_DOCS) against an exhaustive baseline. See bench/README.md.
+
+    python bench/memory_relevance.py                 # SQLite (a temp file): default setting only
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/kinsite python bench/memory_relevance.py
+"""
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    RESULTS_DIR, ROOT, ThrowawayDatabase, database_version, latency_summary, write_results,
+)
+from bench.history_search import (  # noqa: E402
+    CATEGORIES, conversation_turns, evidence_ids, load_conversations, parse_session_time,
+)
+from bench.synthetic import PEOPLE, sentence  # noqa: E402
+
+BENCH_DATABASE = "kinsite_bench_relevance"
+DATA_DIR = ROOT.parent / "shared" / "bench-data" / "locomo-dev"
+ADVERSARIAL = 5
+# Every memory gets the same importance and category, so ranking's importance factor and
+# per-category half-life do not favour any of them; recency still acts (real dates).
+IMPORTANCE = 5
+CATEGORY = "fact"
+DEFAULT_SHARES = (0.05, 0.02, 0.01, 0.005)
+DEFAULT_MIN_DOCS = (250, 100)
+# Nothing is ever common: every memory matching any query lexeme is a candidate.
+EXHAUSTIVE = {"share": 1.01, "min_docs": 10**9}
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def questions_of(conversation: dict, dia_ids: set[str], per_conversation: int | None):
+    """(qa, evidence dia_ids) of every non-adversarial question with evidence among the
+    turns, in file order, and what was left out. Adversarial questions (category 5) pin
+    on one speaker what the other one said; the right answer is that it was never said,
+    so their evidence turns are no answer key for a search."""
+    kept, skipped = [], {"adversarial": 0, "no_evidence": 0}
+    for qa in conversation["qa"]:
+        if qa.get("category") == ADVERSARIAL:
+            skipped["adversarial"] += 1
+            continue
+        evidence = [dia_id for dia_id in evidence_ids(qa.get("evidence") or []) if dia_id in dia_ids]
+        if not evidence:
+            skipped["no_evidence"] += 1
+            continue
+        kept.append((qa, evidence))
+    return kept[:per_conversation] if per_conversation is not None else kept, skipped
+
+
+def load_conversation(*, team, conversation_id: str, conversation: dict, filler: int, rng: random.Random):
+    """One kin holding the conversation's turns as memories plus `filler` synthetic ones.
+    Returns (kin, {dia_id: memory id})."""
+    from memories.models import Memory
+    from sessions_app.services import kin_create
+
+    kin = kin_create(team=team, name=f"LoCoMo {conversation_id}")
+    turns = conversation_turns(conversation)
+    turn_rows = [
+        Memory(team=team, kin=kin, category=CATEGORY, importance=IMPORTANCE, source="api",
+               content=f"{turn['sender']}: {turn['content']}", subject=turn["sender"],
+               source_ref=turn["external_id"])
+        for turn in turns
+    ]
+    filler_rows = [
+        Memory(team=team, kin=kin, category=CATEGORY, importance=IMPORTANCE, source="api",
+               content=sentence(rng), subject=rng.choice(PEOPLE))
+        for _ in range(filler)
+    ]
+    # Rows go in directly, as in bench/synthetic.py: the services' duplicate check is slow
+    # at this size and would merge short turns ("Thanks!") into one memory.
+    Memory.objects.bulk_create(turn_rows + filler_rows, batch_size=2000)
+
+    # bulk_create stamps updated_at (auto_now) with the present; bulk_update and update()
+    # do not, so the real dates go in afterwards. Turns: their LoCoMo time. Filler: the
+    # start of a random session of the same conversation, so it is neither newer nor older.
+    for row, turn in zip(turn_rows, turns):
+        row.updated_at = datetime.fromisoformat(turn["created_at"])
+    Memory.objects.bulk_update(turn_rows, ["updated_at"], batch_size=500)
+    session_starts = [parse_session_time(conversation[key]) for key in sorted(conversation)
+                      if key.endswith("_date_time") and conversation.get(key.removesuffix("_date_time"))]
+    filler_by_date = defaultdict(list)
+    for row in filler_rows:
+        filler_by_date[rng.choice(session_starts)].append(row.pk)
+    for moment, ids in filler_by_date.items():
+        Memory.objects.filter(pk__in=ids).update(updated_at=moment)
+    return kin, {turn["external_id"]: row.pk for row, turn in zip(turn_rows, turns)}
+
+
+# --- candidates (PostgreSQL) ------------------------------------------------------------------
+
+
+class CandidateCounter:
+    """How many memories the BM25 query scores for a question under the current common-term
+    setting: those matching the query's non-common lexemes, or, when there are none or
+    they match nothing, those matching its rarest common lexeme (the selector's rule).
+    Uses the selector's own scope statistics; counts are memoised per (kin, lexemes)."""
+
+    def __init__(self):
+        self.lexemes: dict[str, list[str]] = {}
+        self.counts: dict[tuple, int] = {}
+
+    def __call__(self, *, team, kin, question: str) -> int:
+        from django.db import connection
+
+        from kinsite.textsearch import query_terms
+        from memories import selectors
+
+        if question not in self.lexemes:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %s)) ORDER BY lexeme",
+                               [" ".join(query_terms(question))])
+                self.lexemes[question] = [row[0] for row in cursor.fetchall()]
+        lexemes = self.lexemes[question]
+        if not lexemes:
+            return 0
+        scope_sql, params = selectors._scope_sql(team=team, kin=kin, include_shared=True)
+        stats = selectors._scope_stats_postgresql(scope_sql, params, True)
+        rare = [lexeme for lexeme in lexemes if lexeme not in stats.common]
+        common = sorted((lexeme for lexeme in lexemes if lexeme in stats.common),
+                        key=lambda lexeme: (stats.common[lexeme], lexeme))
+        count = self._count(scope_sql, params, kin, rare) if rare else 0
+        if count == 0 and common:
+            count = self._count(scope_sql, params, kin, common[:1])
+        return count
+
+    def _count(self, scope_sql: str, params: dict, kin, lexemes: list[str]) -> int:
+        from django.db import connection
+
+        key = (kin.pk, tuple(lexemes))
+        if key not in self.counts:
+            tsquery = " | ".join("'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'" for lexeme in lexemes)
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT count(*) FROM memories_memory m WHERE m.status = 'active' "
+                               f"AND m.search_tsv @@ %(tsquery)s::tsquery AND {scope_sql}",
+                               {**params, "tsquery": tsquery})
+                self.counts[key] = cursor.fetchone()[0]
+        return self.counts[key]
+
+
+# --- figures ----------------------------------------------------------------------------------
+
+
+def question_row(evidence: list[int], found: list[int], ks: tuple[int, ...]) -> dict:
+    row = {}
+    for k in ks:
+        top = set(found[:k])
+        row[f"recall@{k}"] = sum(1 for memory_id in evidence if memory_id in top) / len(evidence)
+        row[f"hit@{k}"] = 1.0 if top & set(evidence) else 0.0
+    first = next((rank for rank, memory_id in enumerate(found, start=1) if memory_id in evidence), None)
+    row["mrr"] = 1.0 / first if first else 0.0
+    return row
+
+
+def summary(rows: list[dict], ks: tuple[int, ...]) -> dict:
+    names = [f"{metric}@{k}" for k in ks for metric in ("recall", "hit")] + ["mrr"]
+    return {"questions": len(rows), **{name: round(statistics.fmean(row[name] for row in rows), 4) for name in names}}
+
+
+def setting_name(share: float, min_docs: int) -> str:
+    if (share, min_docs) == (EXHAUSTIVE["share"], EXHAUSTIVE["min_docs"]):
+        return "exhaustive"
+    return f"share {share:g} / min {min_docs}"
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def run(*, data_dir: Path = DATA_DIR, conversations: int | None = None, questions_per_conversation: int | None = None,
+        filler: int = 10_000, shares=DEFAULT_SHARES, min_docs=DEFAULT_MIN_DOCS, seed: int = 7) -> dict:
+    """Loads the memories into the current database, then asks every question under each
+    setting. The scope statistics are cached under a key that ignores the setting, so
+    the cache is cleared between settings; a private in-process cache is used for that,
+    never the deployment's Redis."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    private_cache = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                 "LOCATION": f"memory-relevance-{uuid.uuid4()}"}}
+    with override_settings(CACHES=private_cache):
+        return _run(data_dir=data_dir, conversations=conversations, per_conversation=questions_per_conversation,
+                    filler=filler, shares=tuple(shares), min_docs=tuple(min_docs), seed=seed,
+                    top_k=settings.MEMORY_TOP_K)
+
+
+def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs, seed, top_k) -> dict:
+    from django.core.cache import cache
+    from django.db import connection
+
+    from kinsite.services import team_create
+    from memories import selectors
+    from memories.selectors import memory_search
+
+    ks = tuple(sorted({5, 10, top_k}))
+    limit = max(ks)
+    loaded = load_conversations(data_dir)[:conversations]
+    team = team_create(name="LoCoMo relevance bench", slug=f"locomo-relevance-{uuid.uuid4().hex[:8]}")
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    kins, questions = {}, []
+    skipped = {"adversarial": 0, "no_evidence": 0}
+    for conversation_id, conversation in loaded:
+        kin, memory_ids = load_conversation(team=team, conversation_id=conversation_id, conversation=conversation,
+                                            filler=filler, rng=rng)
+        kins[conversation_id] = kin
+        kept, left_out = questions_of(conversation, set(memory_ids), per_conversation)
+        for reason, count in left_out.items():
+            skipped[reason] += count
+        questions += [{"conversation": conversation_id, "category": CATEGORIES.get(qa.get("category"), "?"),
+                       "question": qa["question"], "evidence": evidence,
+                       "evidence_memory_ids": [memory_ids[dia_id] for dia_id in evidence]}
+                      for qa, evidence in kept]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")  # fresh planner statistics after the bulk load
+    load_seconds = time.perf_counter() - started
+
+    default = (selectors.COMMON_TERM_SHARE, selectors.COMMON_TERM_MIN_DOCS)
+    if connection.vendor == "postgresql":
+        grid = [(share, docs) for share in shares for docs in min_docs]
+        if default not in grid:
+            grid.insert(0, default)
+        grid.append((EXHAUSTIVE["share"], EXHAUSTIVE["min_docs"]))
+    else:
+        grid = [default]  # SQLite has no common-term split: one setting is all there is
+    count_candidates = CandidateCounter() if connection.vendor == "postgresql" else None
+
+    results = []
+    try:
+        for share, docs in grid:
+            selectors.COMMON_TERM_SHARE, selectors.COMMON_TERM_MIN_DOCS = share, docs
+            cache.clear()
+            for kin in kins.values():  # warm-up: scope statistics (ts_stat), plans
+                memory_search(team=team, kin=kin, query="hello there", limit=limit)
+            results.append(_ask(questions, kins, team=team, ks=ks, limit=limit, count_candidates=count_candidates,
+                                share=share, min_docs=docs, default=default))
+    finally:
+        selectors.COMMON_TERM_SHARE, selectors.COMMON_TERM_MIN_DOCS = default
+        cache.clear()
+
+    exhaustive = next((result for result in results if result["exhaustive"]), None)
+    if exhaustive is not None:
+        for result in results:
+            # Positions in answer_key of the questions whose recall@10 differs from the baseline's.
+            pairs = list(enumerate(zip(result["per_question_recall"], exhaustive["per_question_recall"])))
+            result["worse_than_exhaustive"] = [index for index, (ours, theirs) in pairs if ours < theirs]
+            result["better_than_exhaustive"] = [index for index, (ours, theirs) in pairs if ours > theirs]
+    for result in results:
+        del result["per_question_recall"]  # only needed for the comparison above
+
+    return {
+        "database_version": database_version(connection),
+        "data": str(data_dir),
+        "conversations": len(loaded),
+        "turn_memories": sum(len(conversation_turns(conversation)) for _, conversation in loaded),
+        "filler_per_kin": filler,
+        "scope_sizes": {conversation_id: kin.memories.filter(status="active").count()
+                        for conversation_id, kin in kins.items()},
+        "load_seconds": round(load_seconds, 1),
+        "questions": len(questions),
+        "skipped_questions": skipped,
+        "ks": list(ks),
+        "top_k": top_k,
+        "search_limit": limit,
+        "default_setting": setting_name(*default),
+        "settings": results,
+        "recommended": recommend(results),
+        "answer_key": questions,
+    }
+
+
+def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs, default) -> dict:
+    """Every question under the setting in force; figures of this setting."""
+    from memories import selectors
+    from memories.selectors import memory_search
+
+    rows, latencies, candidates = [], [], []
+    by_category, by_conversation = defaultdict(list), defaultdict(list)
+    for question in questions:
+        kin = kins[question["conversation"]]
+        begun = time.perf_counter()
+        hits = memory_search(team=team, kin=kin, query=question["question"], limit=limit, count_retrieval=False)
+        latencies.append((time.perf_counter() - begun) * 1000)
+        row = question_row(question["evidence_memory_ids"], [hit.memory.pk for hit in hits], ks)
+        rows.append(row)
+        by_category[question["category"]].append(row)
+        by_conversation[question["conversation"]].append(row)
+        if count_candidates is not None:
+            candidates.append(count_candidates(team=team, kin=kin, question=question["question"]))
+    common_lexemes = None
+    if count_candidates is not None:
+        # The common lexemes of each scope under this setting (from the statistics just cached).
+        common_lexemes = {}
+        for conversation_id, kin in kins.items():
+            scope_sql, params = selectors._scope_sql(team=team, kin=kin, include_shared=True)
+            stats = selectors._scope_stats_postgresql(scope_sql, params, True)
+            common_lexemes[conversation_id] = {"threshold": max(min_docs, math.ceil(share * stats.count)),
+                                               "count": len(stats.common)}
+    recall_key = f"recall@{10 if 10 in ks else max(ks)}"
+    return {
+        "name": setting_name(share, min_docs),
+        "share": share,
+        "min_docs": min_docs,
+        "default": (share, min_docs) == default,
+        "exhaustive": (share, min_docs) == (EXHAUSTIVE["share"], EXHAUSTIVE["min_docs"]),
+        "overall": summary(rows, ks),
+        "by_category": {name: summary(category_rows, ks) for name, category_rows in sorted(by_category.items())},
+        "by_conversation": {name: summary(conversation_rows, ks)
+                            for name, conversation_rows in sorted(by_conversation.items())},
+        "mean_candidates": round(statistics.fmean(candidates), 1) if candidates else None,
+        "max_candidates": max(candidates) if candidates else None,
+        "common_lexemes": common_lexemes,
+        "search": latency_summary(latencies),
+        "per_question_recall": [row[recall_key] for row in rows],
+    }
+
+
+def recommend(results: list[dict], tolerance: float = 0.01) -> dict | None:
+    """The setting with the fewest mean candidates whose recall@10 is within `tolerance`
+    of the exhaustive baseline's (PostgreSQL only)."""
+    exhaustive = next((result for result in results if result["exhaustive"]), None)
+    if exhaustive is None:
+        return None
+    floor = exhaustive["overall"]["recall@10"] - tolerance
+    good = [result for result in results if not result["exhaustive"] and result["overall"]["recall@10"] >= floor]
+    if not good:
+        return {"name": None, "tolerance": tolerance, "reason": "no setting within tolerance"}
+    best = min(good, key=lambda result: (result["mean_candidates"], -result["overall"]["recall@10"]))
+    return {"name": best["name"], "share": best["share"], "min_docs": best["min_docs"], "tolerance": tolerance,
+            "recall@10": best["overall"]["recall@10"], "exhaustive_recall@10": exhaustive["overall"]["recall@10"],
+            "mean_candidates": best["mean_candidates"], "exhaustive_mean_candidates": exhaustive["mean_candidates"]}
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def differing(result: dict, how: str) -> str:
+    questions = result.get(f"{how}_than_exhaustive")
+    return "-" if questions is None else str(len(questions))
+
+
+def print_table(figures: dict) -> None:
+    print(f"memory relevance on LoCoMo — {figures['database_version']}: {figures['conversations']} conversations, "
+          f"{figures['turn_memories']:,} turn memories + {figures['filler_per_kin']:,} filler per kin, "
+          f"{figures['questions']} questions (skipped: {figures['skipped_questions']}); "
+          f"loaded in {figures['load_seconds']} s")
+    ks = figures["ks"]
+    header = (f"{'setting':<22} {'thresh':>6} {'common':>6} "
+              + " ".join(f"{f'R@{k}':>6}" for k in ks) + " " + " ".join(f"{f'hit@{k}':>6}" for k in ks)
+              + f" {'MRR':>6} {'cand':>7} {'p50 ms':>7} {'p95 ms':>7} {'worse':>5} {'better':>6}")
+    print(header)
+    print("-" * len(header))
+    for result in figures["settings"]:
+        overall, common = result["overall"], result["common_lexemes"]
+        shown = common and not result["exhaustive"]  # the exhaustive threshold is out of reach by design
+        threshold = f"{statistics.fmean(c['threshold'] for c in common.values()):.0f}" if shown else "-"
+        n_common = f"{statistics.fmean(c['count'] for c in common.values()):.0f}" if common else "-"
+        candidates = f"{result['mean_candidates']:.1f}" if result["mean_candidates"] is not None else "-"
+        print(f"{result['name'] + (' *' if result['default'] else ''):<22} {threshold:>6} {n_common:>6} "
+              + " ".join(f"{overall[f'recall@{k}']:>6.3f}" for k in ks) + " "
+              + " ".join(f"{overall[f'hit@{k}']:>6.3f}" for k in ks)
+              + f" {overall['mrr']:>6.3f} {candidates:>7} {result['search']['p50_ms']:>7.1f}"
+              f" {result['search']['p95_ms']:>7.1f}"
+              f" {differing(result, 'worse'):>5} {differing(result, 'better'):>6}")
+    print("* the current default; thresh/common: mean over kins of the common-term threshold (docs) and of the "
+          "number of common lexemes; worse/better: questions whose R@10 differs from exhaustive")
+    categories = sorted({name for result in figures["settings"] for name in result["by_category"]})
+    first = figures["settings"][0]["by_category"]
+    counts = ", ".join(f"{name} {first[name]['questions']}" for name in categories)
+    print(f"\nR@10 by category (questions: {counts})")
+    print(f"{'setting':<22} " + " ".join(f"{name:>11}" for name in categories))
+    for result in figures["settings"]:
+        print(f"{result['name']:<22} "
+              + " ".join(f"{result['by_category'][name]['recall@10']:>11.3f}" for name in categories))
+    if figures["recommended"]:
+        print(f"\nfewest candidates with R@10 within {figures['recommended']['tolerance']} of exhaustive: "
+              f"{figures['recommended']['name']}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DATA_DIR, help="LoCoMo directory")
+    parser.add_argument("--conversations", type=int, default=None, help="only the first N conversations")
+    parser.add_argument("--questions-per-conversation", type=int, default=None, help="only the first N questions")
+    parser.add_argument("--filler", type=int, default=10_000, help="synthetic memories added to each kin")
+    parser.add_argument("--shares", default=",".join(map(str, DEFAULT_SHARES)), help="COMMON_TERM_SHARE grid")
+    parser.add_argument("--min-docs", default=",".join(map(str, DEFAULT_MIN_DOCS)), help="COMMON_TERM_MIN_DOCS grid")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the JSON goes")
+    args = parser.parse_args(argv)
+    shares = [float(value) for value in args.shares.split(",") if value.strip()]
+    min_docs = [int(value) for value in args.min_docs.split(",") if value.strip()]
+
+    with ThrowawayDatabase(BENCH_DATABASE):
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connection
+
+        call_command("migrate", verbosity=0)
+        figures = run(data_dir=args.data.resolve(), conversations=args.conversations,
+                      questions_per_conversation=args.questions_per_conversation, filler=args.filler,
+                      shares=shares, min_docs=min_docs, seed=args.seed)
+        vendor = connection.vendor
+    print_table(figures)
+    print(f"wrote {write_results('memory_relevance', vendor, figures, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
