@@ -134,6 +134,27 @@ def machine_state(before: list[int] | None, after: list[int] | None) -> dict:
     return {"busy_percent": round(100 * (total - idle) / total, 1), "steal_percent": round(100 * steal / total, 1)}
 
 
+class MachineWatch:
+    """Around a benchmark's timed part: the machine's speed (python_speed_ms) before and
+    after, and its CPU shares during it. `figures` holds them once the block is left."""
+
+    def __enter__(self):
+        self.speed_before, self.times_before = python_speed_ms(), cpu_times()
+        self.figures: dict = {}
+        return self
+
+    def __exit__(self, *exc):
+        times_after = cpu_times()
+        self.figures = {"python_speed_ms": {"before": self.speed_before, "after": python_speed_ms()},
+                        **machine_state(self.times_before, times_after)}
+
+
+def machine_state_line(state: dict) -> str:
+    speed = state["python_speed_ms"]
+    return (f"machine speed: python workload {speed['before']} ms before timing, {speed['after']} ms after "
+            f"(lower is faster); CPU busy {state.get('busy_percent', '?')} %, stolen {state.get('steal_percent', '?')} %")
+
+
 def machine() -> dict:
     return {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
 

@@ -21,7 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, ThrowawayDatabase, database_version, percentile  # noqa: E402
+from bench.common import (  # noqa: E402
+    ROOT, MachineWatch, ThrowawayDatabase, database_version, machine_state_line, percentile,
+)
 
 BENCH_DATABASE = "kinsite_bench"
 KS = (5, 10, 20)
@@ -150,28 +152,29 @@ def run(data_dir: Path) -> dict:
 
     rows, latencies_ms = [], []
     dropped_evidence, skipped_questions, failed_searches = [], 0, []
-    for conversation_id, conversation in conversations:
-        session_id, dia_ids = sessions[conversation_id]
-        for qa in conversation["qa"]:
-            evidence = evidence_ids(qa.get("evidence") or [])
-            dropped_evidence += [f"{conversation_id}/{dia_id}" for dia_id in evidence if dia_id not in dia_ids]
-            evidence = [dia_id for dia_id in evidence if dia_id in dia_ids]
-            if not evidence:
-                skipped_questions += 1
-                continue
-            params = {"q": qa["question"], "limit": SEARCH_LIMIT}
-            started = time.perf_counter()
-            response = api.get(f"sessions/{session_id}/history/search/", params)
-            latencies_ms.append((time.perf_counter() - started) * 1000)
-            if response.status_code != 200:
-                failed_searches.append({"question": qa["question"], "status": response.status_code})
-                found = []
-            else:
-                found = [hit["external_id"] for hit in response.json()["results"]]
-            row = {"category": qa.get("category")}
-            for k in KS:
-                row[f"recall@{k}"] = len(set(evidence) & set(found[:k])) / len(evidence)
-            rows.append(row)
+    with MachineWatch() as machine:
+        for conversation_id, conversation in conversations:
+            session_id, dia_ids = sessions[conversation_id]
+            for qa in conversation["qa"]:
+                evidence = evidence_ids(qa.get("evidence") or [])
+                dropped_evidence += [f"{conversation_id}/{dia_id}" for dia_id in evidence if dia_id not in dia_ids]
+                evidence = [dia_id for dia_id in evidence if dia_id in dia_ids]
+                if not evidence:
+                    skipped_questions += 1
+                    continue
+                params = {"q": qa["question"], "limit": SEARCH_LIMIT}
+                started = time.perf_counter()
+                response = api.get(f"sessions/{session_id}/history/search/", params)
+                latencies_ms.append((time.perf_counter() - started) * 1000)
+                if response.status_code != 200:
+                    failed_searches.append({"question": qa["question"], "status": response.status_code})
+                    found = []
+                else:
+                    found = [hit["external_id"] for hit in response.json()["results"]]
+                row = {"category": qa.get("category")}
+                for k in KS:
+                    row[f"recall@{k}"] = len(set(evidence) & set(found[:k])) / len(evidence)
+                rows.append(row)
 
     by_category = defaultdict(list)
     for row in rows:
@@ -205,6 +208,7 @@ def run(data_dir: Path) -> dict:
             "max": round(max(latencies_ms), 2),
             "searches": len(latencies_ms),
         },
+        "machine_state": machine.figures,
     }
 
 
@@ -224,6 +228,7 @@ def print_table(figures: dict) -> None:
         f"search latency over {latency['searches']} API calls: p50 {latency['p50']:.1f} ms, "
         f"p95 {latency['p95']:.1f} ms (max {latency['max']:.1f} ms); import {figures['import_seconds']:.1f} s"
     )
+    print(machine_state_line(figures["machine_state"]))
     if figures["failed_searches"]:
         print(f"FAILED searches: {len(figures['failed_searches'])}")
 

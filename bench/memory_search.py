@@ -13,7 +13,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ThrowawayDatabase, database_version, latency_summary, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    MachineWatch, ThrowawayDatabase, database_version, latency_summary, machine_state_line, write_results,
+)
 from bench.synthetic import memories_populate, sentence  # noqa: E402
 
 
@@ -31,12 +33,13 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int) -> dict:
     for kin in kin_rows:  # warm-up: connections, caches, plans
         memory_search(team=team, kin=kin, query=query_texts[0], limit=settings.MEMORY_TOP_K)
     latencies, hit_counts = [], []
-    for index, text in enumerate(query_texts):
-        kin = kin_rows[index % len(kin_rows)]
-        started = time.perf_counter()
-        hits = memory_search(team=team, kin=kin, query=text, limit=settings.MEMORY_TOP_K)
-        latencies.append((time.perf_counter() - started) * 1000)
-        hit_counts.append(len(hits))
+    with MachineWatch() as machine:
+        for index, text in enumerate(query_texts):
+            kin = kin_rows[index % len(kin_rows)]
+            started = time.perf_counter()
+            hits = memory_search(team=team, kin=kin, query=text, limit=settings.MEMORY_TOP_K)
+            latencies.append((time.perf_counter() - started) * 1000)
+            hit_counts.append(len(hits))
     return {
         "database_version": database_version(connection),
         "memories": kins * per_kin,
@@ -46,6 +49,7 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int) -> dict:
         "load_seconds": round(load_seconds, 1),
         "mean_hits": round(sum(hit_counts) / len(hit_counts), 2),
         "search": latency_summary(latencies),
+        "machine_state": machine.figures,
     }
 
 
@@ -71,6 +75,7 @@ def main(argv=None) -> int:
           f"{figures['queries']} queries (top {figures['top_k']}), loaded in {figures['load_seconds']} s")
     print(f"  p50 {search['p50_ms']} ms · p95 {search['p95_ms']} ms · p99 {search['p99_ms']} ms · "
           f"max {search['max_ms']} ms · mean hits {figures['mean_hits']}")
+    print("  " + machine_state_line(figures["machine_state"]))
     print(f"wrote {write_results('memory_search', vendor, figures)}")
     return 0
 

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    ThrowawayDatabase, cpu_times, database_version, latency_summary, machine_state, python_speed_ms, write_results,
+    MachineWatch, ThrowawayDatabase, database_version, latency_summary, machine_state_line, write_results,
 )
 from bench.synthetic import SESSION_USERS, memories_populate, message_text, session_populate  # noqa: E402
 
@@ -318,12 +318,12 @@ def run(*, kins: int, per_kin: int, messages: int, assemblies: int, profile_runs
     }
     # Other work on the machine, and the machine's own speed of the hour, move every
     # figure; both are recorded with them (bench/common.py: python_speed_ms).
-    load_before, speed_before, times_before = os.getloadavg()[0], python_speed_ms(), cpu_times()
-    for mode in modes:
-        figures[mode] = time_mode(mode, session, incoming)
+    load_before = os.getloadavg()[0]
+    with MachineWatch() as machine:
+        for mode in modes:
+            figures[mode] = time_mode(mode, session, incoming)
     figures["load_average_1min"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
-    figures["machine_state"] = {"python_speed_ms": {"before": speed_before, "after": python_speed_ms()},
-                                **machine_state(times_before, cpu_times())}
+    figures["machine_state"] = machine.figures
     if profile_runs:
         profiled = profile(session, incoming[:profile_runs])
         slowest = profiled.pop("_slowest")
@@ -344,10 +344,7 @@ def report(figures: dict) -> None:
         load = figures["load_average_1min"]
         print(f"  machine load (1-min average) {load['before']} before timing, {load['after']} after")
     if "machine_state" in figures:
-        state = figures["machine_state"]
-        speed = state["python_speed_ms"]
-        print(f"  machine speed: python workload {speed['before']} ms before timing, {speed['after']} ms after "
-              f"(lower is faster); CPU busy {state.get('busy_percent', '?')} %, stolen {state.get('steal_percent', '?')} %")
+        print("  " + machine_state_line(figures["machine_state"]))
     print(f"  {'path':<8} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'max ms':>7} {'queries':>7}  {'system tok':>10} "
           f"{'history msgs':>12} {'history tok':>11}")
     for mode in MODES:
