@@ -27,6 +27,26 @@ app.conf.beat_schedule = {
         "task": "sessions_app.turn_tasks.requeue_pending_turns_task",
         "schedule": crontab(),
     },
+    # Every minute: take over the chat turns left running by a process that stopped (a web
+    # process during a sync turn, a worker during an async one, or an async turn's task lost
+    # with Redis), once their session lock's lease has run out: an async turn is queued
+    # again, a sync one is failed with an error saying its message is kept.
+    "recover-stalled-turns": {
+        "task": "sessions_app.turn_tasks.recover_stalled_turns_task",
+        "schedule": crontab(),
+    },
+    # Every minute: the same two sweeps for introspection runs. Send again the pending runs
+    # whose task never reached the broker or was lost with it...
+    "requeue-pending-introspections": {
+        "task": "sessions_app.tasks.requeue_pending_introspections_task",
+        "schedule": crontab(),
+    },
+    # ...and fail the runs left running past Celery's hard time limit by a worker that
+    # stopped; they applied nothing, so the idle scan introspects the same events again.
+    "recover-stalled-introspections": {
+        "task": "sessions_app.tasks.recover_stalled_introspections_task",
+        "schedule": crontab(),
+    },
     # Every 15 minutes: the nightly consolidation. Teams live in different time zones, so
     # the task decides per team whether its CONSOLIDATION_HOUR:MINUTE (default 02:00) has
     # come, and consolidates each kin with pending facts once per night.

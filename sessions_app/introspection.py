@@ -8,7 +8,11 @@ changes; the newest end event is the cursor. A run that fails before its end eve
 applies nothing and leaves the cursor, so the next run reads the same events again.
 
 One run per session at a time: a cache lock (Redis in production) whose value names the
-run holding it, backed by the database's partial unique constraint on running runs."""
+run holding it, backed by the database's partial unique constraint on running runs.
+
+Two sweeps (beat, every minute) keep runs from waiting for ever: `introspection_requeue`
+sends again the pending runs whose task never reached the broker or was lost with it, and
+`introspection_recover_stalled` fails the runs left running by a worker that stopped."""
 from __future__ import annotations
 
 import json
@@ -19,10 +23,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerUnreachable
+from redis.exceptions import RedisError
 
 from consolidation.services import fact_record
 from kinsite.cachelock import cache_lock
@@ -55,6 +62,18 @@ SUMMARY_NOTE_MAX_CHARS = 500
 NOTHING_WORTH_STORING = "Nothing worth storing."
 # A pending run older than this is enqueued again when reused: its task may have been lost.
 STALE_PENDING = timedelta(minutes=10)
+# Set in the cache (the same Redis as the queue) when a run's task is sent, for as long as
+# the broker may hold the task unacknowledged: a pending run without it has no task in the
+# queue, and introspection_requeue sends one (as sessions_app.turns does for chat turns).
+QUEUED_KEY = "kinsite:introspection-queued:{run_id}"
+# A pending run younger than this may still have its task on the way (sent on commit).
+REQUEUE_AFTER = timedelta(minutes=1)
+REQUEUE_BATCH = 500
+# Past Celery's hard time limit (which ends any task, and with it the session lock's
+# lifetime), plus a margin for clocks that differ between machines.
+STALLED_MARGIN = timedelta(minutes=1)
+STALLED_BATCH = 100
+INTERRUPTED = "Interrupted: the worker running it stopped before it finished."
 
 INTROSPECTION_SYSTEM = (
     "You maintain an AI agent's long-term memory and session notes. You act only through "
@@ -115,8 +134,6 @@ def introspection_request(*, session: Session, trigger: str) -> IntrospectionRun
     """A pending run of `session`, enqueued after commit. If one is pending already it is
     returned instead (one queued run covers every event up to when it starts).
     Raises IntrospectionDisabled when introspection is off for the session's kin."""
-    from sessions_app.tasks import introspect_session_task  # tasks import this module
-
     if not introspection_settings(session.kin).enabled:
         raise IntrospectionDisabled(
             f"Introspection is disabled for kin {session.kin.name}.", details={"kin": session.kin_id}
@@ -129,11 +146,26 @@ def introspection_request(*, session: Session, trigger: str) -> IntrospectionRun
         if run is not None:
             if run.created_at < timezone.now() - STALE_PENDING:
                 # Its task may be lost (a broker restart); a second delivery is a no-op if it is not.
-                transaction.on_commit(lambda: introspect_session_task.delay(run.pk))
+                transaction.on_commit(lambda: _task_send(run.pk))
             return run
         run = IntrospectionRun.objects.create(session=session, trigger=trigger)
-        transaction.on_commit(lambda: introspect_session_task.delay(run.pk))
+        # The broker down: this raises (the API answers 503) and the run stays pending for
+        # introspection_requeue.
+        transaction.on_commit(lambda: _task_send(run.pk))
     return run
+
+
+def _task_send(run_id: int) -> None:
+    """Send the run's task, then mark it queued (sessions_app.turns._task_send, for runs)."""
+    from sessions_app.tasks import introspect_session_task  # tasks import this module
+
+    introspect_session_task.delay(run_id)
+    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout", 3600)
+    try:
+        cache.set(QUEUED_KEY.format(run_id=run_id), True, timeout=visibility)
+    except RedisError as exc:
+        # The task is queued; without its marker the sweep merely sends it once more.
+        logger.warning("Introspection run %s is queued but not marked so: %s", run_id, exc)
 
 
 def introspection_after_turn(*, session: Session) -> IntrospectionRun | None:
@@ -310,8 +342,7 @@ def _claim(run: IntrospectionRun) -> bool:
         with transaction.atomic():
             IntrospectionRun.objects.filter(session_id=run.session_id, status=Status.RUNNING).exclude(
                 pk=run.pk
-            ).update(status=Status.FAILED, finished_at=now,
-                     error="Interrupted: the worker running it stopped before it finished.")
+            ).update(status=Status.FAILED, finished_at=now, error=INTERRUPTED)
             claimed = IntrospectionRun.objects.filter(
                 pk=run.pk, status__in=[Status.PENDING, Status.RUNNING]
             ).update(status=Status.RUNNING, started_at=now, error="")
@@ -562,3 +593,83 @@ def introspection_skip(*, run_id: int, reason: str) -> None:
     IntrospectionRun.objects.filter(pk=run_id, status=Status.PENDING).update(
         status=Status.SKIPPED, summary=reason, finished_at=timezone.now()
     )
+
+
+# --- the sweeps ------------------------------------------------------------------------------
+
+
+def introspection_requeue(*, now: datetime | None = None) -> list[int]:
+    """Send again the tasks of pending runs that have none in the queue: requested while the
+    broker was down (the request answered 503, or the turn that triggered it failed to
+    enqueue it), or queued before Redis lost its data in a restart. Returns their ids. A
+    run sent twice still runs once (session_introspect claims it). It reads the pending
+    runs only (partial index introspection_run_pending); the oldest REQUEUE_BATCH go first.
+    With Redis down it stops, logs, and leaves the rest to the next minute."""
+    cutoff = (now or timezone.now()) - REQUEUE_AFTER
+    pending = list(
+        IntrospectionRun.objects.filter(status=Status.PENDING, created_at__lte=cutoff)
+        .order_by("id").values_list("pk", flat=True)[:REQUEUE_BATCH]
+    )
+    if not pending:
+        return []
+    requeued = []
+    try:
+        queued = cache.get_many([QUEUED_KEY.format(run_id=run_id) for run_id in pending])
+        for run_id in pending:
+            if QUEUED_KEY.format(run_id=run_id) not in queued:
+                _task_send(run_id)
+                requeued.append(run_id)
+    except (BrokerUnreachable, RedisError) as exc:
+        logger.warning("Requeueing introspection runs stopped, Redis is unreachable (next try in a minute): %s",
+                       exc)
+    if requeued:
+        logger.info("Queued %d pending introspection runs again: %s", len(requeued), requeued)
+    return requeued
+
+
+def run_stalled_after() -> timedelta:
+    """How long a run must have been running, with its session's introspection lock free,
+    before the stalled-run sweep fails it: Celery's hard time limit, which kills any task
+    still going (the lock expires with it too), plus STALLED_MARGIN; 7 minutes by default."""
+    return timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT) + STALLED_MARGIN
+
+
+def introspection_recover_stalled(*, now: datetime | None = None) -> list[int]:
+    """Fail the runs left running by a worker that stopped (killed, or cut off by the hard
+    time limit) and that no delivery of their task took over. Returns their ids.
+
+    A run is left so when its worker dies and the task comes back while the run's lock is
+    still live: that delivery takes itself for a duplicate and does nothing. Failing is
+    safe, as for any failed run: it applied nothing and left the cursor, and the session
+    stays flagged, so the idle scan (or the next trigger) introspects the same events
+    again. Runs whose session lock is held are left alone. It reads the running runs only
+    (the partial unique index of introspection_one_running_per_session), the STALLED_BATCH
+    longest running first. With Redis down it stops, logs, and tries again next minute."""
+    now = now or timezone.now()
+    cutoff = now - run_stalled_after()
+    candidates = list(
+        IntrospectionRun.objects.filter(status=Status.RUNNING, started_at__lte=cutoff)
+        .order_by("started_at", "id").values_list("pk", "session_id")[:STALLED_BATCH]
+    )
+    if not candidates:
+        return []
+    try:
+        held = cache.get_many([LOCK_KEY.format(session_id=session_id) for _, session_id in candidates])
+    except RedisError as exc:
+        logger.warning("Recovering stalled introspection runs stopped, Redis is unreachable (next try in a "
+                       "minute): %s", exc)
+        return []
+    minutes = round(run_stalled_after().total_seconds() / 60)
+    error = (f"{INTERRUPTED} It was still running after {minutes} minutes with nobody working on it. Nothing was "
+             f"applied and the cursor did not move: the next run reads the same events.")
+    failed = []
+    for run_id, session_id in candidates:
+        if LOCK_KEY.format(session_id=session_id) in held:
+            continue
+        if IntrospectionRun.objects.filter(pk=run_id, status=Status.RUNNING, started_at__lte=cutoff).update(
+            status=Status.FAILED, error=error, finished_at=now
+        ):
+            failed.append(run_id)
+    if failed:
+        logger.warning("Failed %d introspection runs left running by a stopped worker: %s", len(failed), failed)
+    return failed

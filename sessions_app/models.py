@@ -168,6 +168,9 @@ class Turn(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
+    # How many times a process started running the turn: a sync turn once; an async one at
+    # each claim by turn_run. The stalled-turn sweep stops queueing it again after a few.
+    attempts = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -178,6 +181,8 @@ class Turn(models.Model):
             models.Index(fields=["session", "status"], name="turn_session_status"),
             # The requeue sweep (every minute) reads only pending turns, whatever the table's size.
             models.Index(fields=["id"], condition=Q(status="pending"), name="turn_pending"),
+            # The stalled-turn sweep (every minute) reads only running turns, oldest start first.
+            models.Index(fields=["started_at"], condition=Q(status="running"), name="turn_running"),
         ]
 
     def __str__(self):
@@ -252,6 +257,11 @@ class IntrospectionRun(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [
+            # The requeue sweep (every minute) reads only pending runs. The stalled-run sweep
+            # reads running runs through the partial unique index of the constraint below.
+            models.Index(fields=["id"], condition=Q(status="pending"), name="introspection_run_pending"),
+        ]
         constraints = [
             # At most one run per session at a time, enforced by the database.
             models.UniqueConstraint(

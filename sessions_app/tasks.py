@@ -8,6 +8,8 @@ from sessions_app.compaction import session_compact
 from sessions_app.introspection import (
     IntrospectionBusy,
     introspect_idle_sessions,
+    introspection_recover_stalled,
+    introspection_requeue,
     introspection_skip,
     session_introspect,
 )
@@ -59,6 +61,18 @@ def introspect_session_task(self, run_id: int) -> None:
 def scan_idle_sessions_task() -> int:
     """Every minute (beat): request an introspection of each idle session that is due."""
     return len(introspect_idle_sessions())
+
+
+@shared_task
+def requeue_pending_introspections_task() -> int:
+    """Every minute (beat): send again the tasks of pending runs that have none in the queue."""
+    return len(introspection_requeue())
+
+
+@shared_task
+def recover_stalled_introspections_task() -> int:
+    """Every minute (beat): fail the runs left running by a worker that stopped."""
+    return len(introspection_recover_stalled())
 
 
 # The chat turn's task lives in its own module; importing it here registers it with the

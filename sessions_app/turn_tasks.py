@@ -1,5 +1,6 @@
 """The Celery tasks of chat turns: run an async turn by id (sessions_app.turns), and the
-sweep that queues again the turns whose task never reached the broker or was lost with it."""
+sweeps that take over the turns that would otherwise wait for ever: those whose task never
+reached the broker or was lost with it, and those left running by a process that stopped."""
 from celery import shared_task
 
 
@@ -18,3 +19,12 @@ def requeue_pending_turns_task() -> int:
     from sessions_app.turns import turns_requeue
 
     return len(turns_requeue())
+
+
+@shared_task
+def recover_stalled_turns_task() -> int:
+    """Every minute (beat): take over the turns left running by a process that stopped."""
+    from sessions_app.turns import turns_recover_stalled
+
+    stalled = turns_recover_stalled()
+    return len(stalled.requeued) + len(stalled.failed)

@@ -9,7 +9,9 @@ memory the kin stored stays recorded), and the reply with the turn's outcome.
 When Redis is down the API answers 503 and says what it kept: a sync post stores
 nothing (no turn can run without the session lock); an async post keeps its message
 and pending turn, and `turns_requeue` (beat, every minute) queues the turn once the
-broker is back."""
+broker is back. A turn left running by a process that stopped (a killed worker or web
+process, or a task Redis lost) is taken over by `turns_recover_stalled` (beat, every
+minute) once nobody holds its session lock."""
 from __future__ import annotations
 
 import json
@@ -35,7 +37,7 @@ from memories.tools import MemoryTool, ToolContext
 from sessions_app.compaction import compaction_needed
 from sessions_app.context import prompt_assemble
 from sessions_app.introspection import IntrospectionDisabled, introspection_after_turn, introspection_request
-from sessions_app.locks import LockUnavailable, SessionLock, session_lock
+from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, lease_seconds, session_lock
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.tools import kin_toolset
 
@@ -51,6 +53,14 @@ QUEUED_KEY = "kinsite:turn-queued:{turn_id}"
 # A pending turn younger than this may still have its task on the way (sent on commit).
 REQUEUE_AFTER = timedelta(minutes=1)
 REQUEUE_BATCH = 500
+# Running turns the stalled-turn sweep looks at per minute (each costs a lock attempt in Redis).
+STALLED_BATCH = 100
+# An async turn whose process stopped this many times (say it runs out of memory) is failed
+# rather than queued again for ever.
+TURN_MAX_ATTEMPTS = 3
+# What the sweeps give up on when Redis (broker, cache or lock) does not answer; beat runs them
+# again a minute later.
+REDIS_OUTAGES = (BrokerUnreachable, RedisError, LockUnavailable)
 
 
 class TurnFailed(UpstreamError):
@@ -122,7 +132,7 @@ def turn_run(*, turn_id: int) -> Turn | None:
         return turn
     with session_lock(turn.session_id) as lock:
         claimed = Turn.objects.filter(pk=turn_id, status__in=[Turn.Status.PENDING, Turn.Status.RUNNING]).update(
-            status=Turn.Status.RUNNING, started_at=timezone.now()
+            status=Turn.Status.RUNNING, started_at=timezone.now(), attempts=F("attempts") + 1
         )
         if not claimed:
             return Turn.objects.get(pk=turn_id)
@@ -138,7 +148,7 @@ def turns_requeue(*, now: datetime | None = None) -> list[int]:
     lost its data in a restart. Returns their ids. A turn queued twice still runs once
     (turn_run claims it), so a marker lost on its own costs a duplicate task, nothing more.
     It reads the pending turns only (partial index turn_pending); the oldest REQUEUE_BATCH
-    go first."""
+    go first. With Redis down it stops, logs, and leaves the rest to the next minute."""
     cutoff = (now or timezone.now()) - REQUEUE_AFTER
     pending = list(
         Turn.objects.filter(status=Turn.Status.PENDING, is_async=True, created_at__lte=cutoff)
@@ -146,15 +156,82 @@ def turns_requeue(*, now: datetime | None = None) -> list[int]:
     )
     if not pending:
         return []
-    queued = cache.get_many([QUEUED_KEY.format(turn_id=turn_id) for turn_id in pending])
     requeued = []
-    for turn_id in pending:
-        if QUEUED_KEY.format(turn_id=turn_id) not in queued:
-            _task_send(turn_id)  # the broker down again: the task fails, the next sweep retries
-            requeued.append(turn_id)
+    try:
+        queued = cache.get_many([QUEUED_KEY.format(turn_id=turn_id) for turn_id in pending])
+        for turn_id in pending:
+            if QUEUED_KEY.format(turn_id=turn_id) not in queued:
+                _task_send(turn_id)
+                requeued.append(turn_id)
+    except REDIS_OUTAGES as exc:
+        logger.warning("Requeueing pending turns stopped, Redis is unreachable (next try in a minute): %s", exc)
     if requeued:
         logger.info("Queued %d pending turns again: %s", len(requeued), requeued)
     return requeued
+
+
+def turn_stalled_after() -> timedelta:
+    """How long a turn must have been running, with its session lock free, before the
+    stalled-turn sweep takes it over: one lease of the session lock (sessions_app.locks:
+    the model's slowest call plus a minute; 315 s by default). A live turn holds that lock
+    from before it starts running until it ends, renewing it before every model call, and
+    a renewal after the lease ran out fails (the lock is no longer its own); so a turn that
+    started more than a lease ago and whose lock nobody holds has no process left that can
+    store its reply."""
+    return timedelta(seconds=lease_seconds())
+
+
+@dataclass
+class StalledTurns:
+    requeued: list[int]  # async turns made pending again and queued
+    failed: list[int]  # sync turns, and async ones out of attempts, failed with an error
+
+
+def turns_recover_stalled(*, now: datetime | None = None) -> StalledTurns:
+    """Take over the turns left running by a process that stopped: a web process that died
+    during a sync turn (its client got a broken connection), a worker killed during an async
+    one, or an async turn whose unacknowledged task Redis lost in a restart.
+
+    A turn running for longer than turn_stalled_after() is taken over only if its session
+    lock can be taken at once (else someone is working on the session, maybe on this very
+    turn); holding the lock, it is checked again and then:
+    - an async turn is made pending and queued again: turn_run claims it and runs it with
+      the tool rounds already stored in its history, so nothing done is done twice and it
+      gets one reply; after TURN_MAX_ATTEMPTS starts it is failed instead;
+    - a sync turn is failed, saying that its process stopped and that the message is stored
+      and can be posted again (nobody waits for its answer any more).
+    It reads the running turns only (partial index turn_running), the STALLED_BATCH longest
+    running first. With Redis down it stops, logs, and leaves the rest to the next minute."""
+    now = now or timezone.now()
+    cutoff = now - turn_stalled_after()
+    candidates = list(
+        Turn.objects.filter(status=Turn.Status.RUNNING, started_at__lte=cutoff)
+        .order_by("started_at", "id").only("pk", "session_id", "is_async", "attempts", "user_message_id")
+        [:STALLED_BATCH]
+    )
+    stalled = StalledTurns(requeued=[], failed=[])
+    try:
+        for turn in candidates:
+            try:
+                # No wait: a held lock means the session is busy; the next sweep looks again.
+                with session_lock(turn.session_id, timeout=0):
+                    requeue = turn.is_async and turn.attempts < TURN_MAX_ATTEMPTS
+                    taken_over = _turn_stalled_close(turn=turn, cutoff=cutoff, now=now, requeue=requeue)
+            except SessionBusy:
+                continue
+            if not taken_over:
+                continue  # it ended, or was run again, since it was read
+            if requeue:
+                stalled.requeued.append(turn.pk)
+                # Outside the lock: an eager task runs turn_run here, which takes it.
+                _task_send(turn.pk)  # the broker down: the turn is pending, turns_requeue sends it
+            else:
+                stalled.failed.append(turn.pk)
+    except REDIS_OUTAGES as exc:
+        logger.warning("Recovering stalled turns stopped, Redis is unreachable (next try in a minute): %s", exc)
+    if stalled.requeued or stalled.failed:
+        logger.warning("Stalled turns taken over: queued again %s, failed %s", stalled.requeued, stalled.failed)
+    return stalled
 
 
 # --- steps -----------------------------------------------------------------------------------
@@ -185,6 +262,22 @@ def _task_send(turn_id: int) -> None:
     except RedisError as exc:
         # The task is queued; without its marker the sweep merely queues it once more.
         logger.warning("Turn %s is queued but not marked so: %s", turn_id, exc)
+
+
+def _turn_stalled_close(*, turn: Turn, cutoff: datetime, now: datetime, requeue: bool) -> bool:
+    """Under the session lock: make the stalled turn pending again (`requeue`) or fail it.
+    False when it is no longer a stalled running turn."""
+    still_stalled = Turn.objects.filter(pk=turn.pk, status=Turn.Status.RUNNING, started_at__lte=cutoff)
+    if requeue:
+        return bool(still_stalled.update(status=Turn.Status.PENDING, started_at=None))
+    if turn.is_async:
+        cause = (f"The process running this turn stopped before it finished, {turn.attempts} times, so it is "
+                 f"not run again.")
+    else:
+        cause = "The process running this turn stopped before it finished, so no answer will come."
+    error = (f"{cause} Your message is stored (message {turn.user_message_id}), with whatever the kin did so "
+             f"far; post it again to get an answer.")
+    return bool(still_stalled.update(status=Turn.Status.FAILED, error=error, finished_at=now))
 
 
 def _lock_outage(*, session: Session, turn: Turn | None) -> ServiceUnavailable:
@@ -225,6 +318,7 @@ def _turn_open(*, session: Session, content: str, sender: str, platform: str, is
         is_async=is_async,
         status=Turn.Status.PENDING if is_async else Turn.Status.RUNNING,
         started_at=None if is_async else now,
+        attempts=0 if is_async else 1,
     )
 
 
