@@ -95,7 +95,7 @@ class MessageCountAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 @admin.register(Turn)
 class TurnAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["id", "session", "status", "is_async", "tool_calls", "prompt_tokens", "tokens_in", "tokens_out", "created_at", "finished_at"]
+    list_display = ["id", "session", "status", "is_async", "attempts", "tool_calls", "prompt_tokens", "tokens_in", "tokens_out", "created_at", "finished_at"]
     list_filter = ["status", "is_async"]
     search_fields = ["error"]
     list_select_related = ["session"]
