@@ -46,7 +46,3 @@ def fts5_match_expression(terms: list[str]) -> str:
     """SQLite FTS5: each term as a quoted string (never an operator), OR-ed."""
     return " OR ".join('"' + term.replace('"', "") + '"' for term in terms)
 
-
-def tsquery_expression(terms: list[str]) -> str:
-    """PostgreSQL to_tsquery: terms are \\w+ only, so they cannot be operators."""
-    return " | ".join(terms)

@@ -5,7 +5,8 @@ from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 
 from kinsite.models import Team
-from kinsite.textsearch import fts5_match_expression, query_terms, tsquery_expression
+from kinsite.softcache import soft_cache_get, soft_cache_set
+from kinsite.textsearch import fts5_match_expression, query_terms
 from sessions_app.models import Event, IntrospectionRun, Kin, Session
 
 
@@ -42,13 +43,14 @@ def history_search(*, query: str, limit: int, session: Session | None = None, ki
     if not terms:
         return []
     if session is not None:
-        scope_sql, scope_param = "e.session_id = %(scope)s", session.pk
+        scope_sql, scope_param, scope_key = "e.session_id = %(scope)s", session.pk, f"session:{session.pk}"
     else:
         scope_sql = "e.session_id IN (SELECT id FROM sessions_app_session WHERE kin_id = %(scope)s)"
-        scope_param = kin.pk
+        scope_param, scope_key = kin.pk, f"kin:{kin.pk}"
     pool = max(limit, NEIGHBOUR_POOL)
     if connection.vendor == "postgresql":
-        windows = _search_postgresql(terms, scope_sql, scope_param, pool)
+        common = _common_lexemes_postgresql(scope_sql, scope_param, scope_key)
+        windows = _search_postgresql(terms, scope_sql, scope_param, pool, common)
     else:
         windows = _search_sqlite(terms, scope_sql, scope_param, pool)
     ranked = rank_with_neighbours(windows)[:limit]
@@ -120,25 +122,84 @@ _SEEDS_WITH_NEIGHBOURS = f"""
 # grow with the history; BM25 only uses it to normalise lengths, and message
 # lengths do not drift much over a conversation, so an estimate is enough.
 LENGTH_SAMPLE = 1000
+# Common terms (PostgreSQL). A lexeme in at least this share of the scope's messages,
+# and in at least COMMON_TERM_MIN_DOCS of them, is common: it still scores, but it does
+# not pull messages in as candidates (memories.selectors does the same, after Lucene's
+# CommonTermsQuery). In a conversation the common lexemes are the speakers' names (the
+# sender is indexed) and the conversation's everyday words; a question naming a speaker
+# used to score every message that speaker sent, which was most of a search's time at
+# 10,000 messages. A query made only of common terms (or whose other terms match
+# nothing) takes its candidates from its rarest common term.
+COMMON_TERM_SHARE = 0.05
+COMMON_TERM_MIN_DOCS = 1000
+# Which lexemes are common is read with ts_stat() over every message of the scope, tens
+# of milliseconds at 10,000 messages, so it is cached per scope for this long; a minute
+# old list barely changes which messages are candidates.
+COMMON_TERMS_SECONDS = 60
 
 
-def _search_postgresql(terms, scope_sql, scope_param, pool):
+def _common_lexemes_postgresql(scope_sql, scope_param, scope_key) -> dict[str, int]:
+    """The scope's common lexemes (see COMMON_TERM_SHARE) with their document counts."""
+    key = f"sessions:history-common:v1:{scope_key}"
+    common = soft_cache_get(key, what="history search's common terms")
+    if common is None:
+        # ts_stat() takes its rows as query text, so the scope's id (an integer) is written into it.
+        rows_sql = f"SELECT e.search_tsv FROM sessions_app_event e WHERE e.kind = 'message' AND {scope_sql}"
+        sql = f"""
+            SELECT word, ndoc FROM ts_stat(%(rows)s)
+            WHERE ndoc >= greatest(%(min_docs)s, ceil(%(share)s * (
+                SELECT count(*) FROM sessions_app_event e WHERE e.kind = 'message' AND {scope_sql}
+            )))
+        """
+        params = {"rows": rows_sql % {"scope": int(scope_param)}, "scope": scope_param,
+                  "min_docs": COMMON_TERM_MIN_DOCS, "share": COMMON_TERM_SHARE}
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            common = {word: int(ndoc) for word, ndoc in cursor.fetchall()}
+        soft_cache_set(key, common, COMMON_TERMS_SECONDS)
+    return common
+
+
+def _search_postgresql(terms, scope_sql, scope_param, pool, common):
     """BM25 over the stored tsvector (migration 0002: search_tsv, content weighted A,
     sender B, with a partial GIN index). ts_rank has no inverse document frequency,
-    so the score is computed here: candidates come from the GIN index, term
+    so the score is computed here: candidates come from the GIN index (messages
+    matching the query's lexemes that are not `common`, see COMMON_TERM_SHARE), term
     frequencies from the tsvector's weights (one per position), document
-    frequencies from the candidates, the number of messages from the scope (an
-    index-only count on event_message_timeline) and the average length from a
-    sample of it. Arithmetic is float8: numeric ln() and division cost more than
-    the rest of the query."""
+    frequencies from the candidates (for a common lexeme, from `common`), the number
+    of messages from the scope (an index-only count on event_message_timeline) and the
+    average length from a sample of it. Arithmetic is float8: numeric ln() and division
+    cost more than the rest of the query.
+
+    The split into common and other lexemes happens here, in SQL, so a search stays two
+    queries (this one and reading the hits). Lexemes come from query_terms (word
+    characters only), and quote_literal makes each one a single tsquery operand."""
+    candidate_columns = "e.id, e.session_id, e.created_at, e.search_tsv, length(e.search_tsv)::float8 AS doc_length"
     sql = f"""
-        WITH query_lexemes AS (
-            SELECT lexeme FROM unnest(to_tsvector('english', %(text)s))
+        WITH query_lexemes AS MATERIALIZED (
+            SELECT q.lexeme, c.df AS common_df
+            FROM (SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))) q
+            LEFT JOIN unnest(%(common_lexemes)s::text[], %(common_df)s::float8[]) AS c (lexeme, df)
+                ON c.lexeme = q.lexeme
+        ),
+        rare_matches AS MATERIALIZED (
+            SELECT {candidate_columns}
+            FROM sessions_app_event e
+            WHERE e.kind = 'message' AND {scope_sql} AND e.search_tsv @@ (
+                SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery FROM query_lexemes WHERE common_df IS NULL
+            )
         ),
         candidates AS (
-            SELECT e.id, e.session_id, e.created_at, e.search_tsv, length(e.search_tsv)::float8 AS doc_length
+            SELECT * FROM rare_matches
+            UNION ALL
+            -- Planned as a one-time filter: this scan only runs when no rare lexeme matched.
+            SELECT {candidate_columns}
             FROM sessions_app_event e
-            WHERE e.kind = 'message' AND e.search_tsv @@ to_tsquery('english', %(tsquery)s) AND {scope_sql}
+            WHERE NOT EXISTS (SELECT 1 FROM rare_matches)
+              AND e.kind = 'message' AND {scope_sql} AND e.search_tsv @@ (
+                SELECT quote_literal(lexeme)::tsquery FROM query_lexemes
+                WHERE common_df IS NOT NULL ORDER BY common_df, lexeme LIMIT 1
+            )
         ),
         matches AS MATERIALIZED (
             SELECT c.id, c.session_id, c.created_at, c.doc_length, v.lexeme,
@@ -148,7 +209,9 @@ def _search_postgresql(terms, scope_sql, scope_param, pool):
             WHERE v.lexeme IN (SELECT lexeme FROM query_lexemes)
         ),
         document_frequency AS (
-            SELECT lexeme, count(*)::float8 AS df FROM matches GROUP BY lexeme
+            SELECT m.lexeme, coalesce(q.common_df, count(*)::float8) AS df
+            FROM matches m JOIN query_lexemes q ON q.lexeme = m.lexeme
+            GROUP BY m.lexeme, q.common_df
         ),
         scope_size AS (
             SELECT count(*)::float8 AS n FROM sessions_app_event e WHERE e.kind = 'message' AND {scope_sql}
@@ -163,7 +226,7 @@ def _search_postgresql(terms, scope_sql, scope_param, pool):
         scored AS MATERIALIZED (
             SELECT m.id, m.session_id, m.created_at,
                    sum(
-                       ln(1 + (n.n - d.df + 0.5) / (d.df + 0.5))
+                       ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5))
                        * m.term_frequency * (%(k1)s::float8 + 1)
                        / (m.term_frequency
                           + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * m.doc_length / l.avg_length))
@@ -182,7 +245,8 @@ def _search_postgresql(terms, scope_sql, scope_param, pool):
     """
     params = {
         "text": " ".join(terms),
-        "tsquery": tsquery_expression(terms),
+        "common_lexemes": list(common),
+        "common_df": [float(df) for df in common.values()],
         "scope": scope_param,
         "sender_weight": SENDER_WEIGHT,
         "k1": BM25_K1,

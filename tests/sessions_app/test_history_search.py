@@ -318,3 +318,109 @@ def test_limit_is_validated(search, limit, status):
         assert hit_ids(response) == ["f10"]
     else:
         assert "limit" in assert_api_error(response, 400)["details"]
+
+
+# --- common terms (PostgreSQL) --------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_cache():
+    """The common lexemes are cached per scope id; in the PostgreSQL pass the cache is
+    Redis, shared with other tests and runs, so it is cleared around the test."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def common_terms(monkeypatch, fresh_cache):
+    """Thresholds small enough that a sender of most of a few messages is common."""
+    from sessions_app import selectors
+
+    monkeypatch.setattr(selectors, "COMMON_TERM_MIN_DOCS", 5)
+    monkeypatch.setattr(selectors, "COMMON_TERM_SHARE", 0.5)
+
+
+def add_caroline_chat(session) -> None:
+    """Thirteen messages, eleven of them sent by Caroline (so 'carolin' is common), with a
+    zeppelin message from each speaker, written apart from each other."""
+    add_messages(session, FILLER[:5], prefix="f")
+    MessageFactory(session=session, sender="Caroline", content="the zeppelin flew over the harbour", external_id="zc")
+    add_messages(session, FILLER[5:], prefix="g")
+    MessageFactory(session=session, sender="Melanie", content="the zeppelin flew over the harbour", external_id="zm")
+    MessageFactory(session=session, sender="Melanie", content="see you at the station", external_id="m")
+    Event.objects.filter(session=session, external_id__regex=r"^[fg]").update(sender="Caroline")
+
+
+@pytest.mark.postgres
+def test_common_term_scores_but_pulls_in_no_candidates(api_client, chat_session, common_terms):
+    add_caroline_chat(chat_session)
+
+    response = session_search(api_client, chat_session, "Caroline zeppelin")
+
+    # Caroline's other messages match only the common 'carolin'; both zeppelin messages
+    # match, and Caroline's ranks first because the common term still scores.
+    assert hit_ids(response) == ["zc", "zm"]
+    scores = [hit["score"] for hit in response.json()["results"]]
+    assert scores[0] > scores[1]
+
+
+@pytest.mark.postgres
+def test_without_common_terms_a_sender_match_alone_is_a_hit(api_client, chat_session, fresh_cache):
+    # The default thresholds make nothing common in a small session: every matching message is scored.
+    add_caroline_chat(chat_session)
+
+    ids = hit_ids(session_search(api_client, chat_session, "Caroline zeppelin", limit=100))
+
+    assert ids[:2] == ["zc", "zm"]
+    assert len(ids) == 12  # both zeppelin messages and Caroline's ten others
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("query", ["Caroline", "Caroline xylophone"])
+def test_query_whose_rare_terms_match_nothing_searches_its_rarest_common_term(
+    api_client, chat_session, common_terms, query
+):
+    add_caroline_chat(chat_session)
+
+    ids = hit_ids(session_search(api_client, chat_session, query, limit=100))
+
+    assert len(ids) == 11 and "zm" not in ids and "m" not in ids  # Caroline's messages
+
+
+@pytest.mark.postgres
+def test_history_search_works_when_the_cache_is_down(api_client, chat_session, common_terms, monkeypatch):
+    from django.core.cache import cache
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    def unreachable(*args, **kwargs):
+        raise RedisConnectionError("cache down")
+
+    add_caroline_chat(chat_session)
+    monkeypatch.setattr(cache, "get", unreachable)
+    monkeypatch.setattr(cache, "set", unreachable)
+
+    assert hit_ids(session_search(api_client, chat_session, "Caroline zeppelin")) == ["zc", "zm"]
+
+
+@pytest.mark.postgres
+def test_search_reads_the_common_terms_once_then_takes_two_queries(chat_session, common_terms,
+                                                                    django_assert_num_queries):
+    from sessions_app.selectors import history_search
+
+    add_caroline_chat(chat_session)
+    with django_assert_num_queries(3):  # the common lexemes, the search, the hits
+        history_search(query="Caroline zeppelin", limit=10, session=chat_session)
+    for query in ("zeppelin", "Caroline", "harbour station"):
+        with django_assert_num_queries(2):
+            history_search(query=query, limit=10, session=chat_session)
+
+
+@pytest.mark.postgres
+def test_kin_search_splits_common_terms_over_all_its_sessions(api_client, kin, chat_session, common_terms):
+    add_caroline_chat(chat_session)
+    MessageFactory(session=SessionFactory(kin=kin), sender="Caroline", content="a zeppelin again", external_id="z2")
+
+    assert sorted(hit_ids(kin_search(api_client, kin, "Caroline zeppelin"))) == ["z2", "zc", "zm"]
