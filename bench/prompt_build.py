@@ -32,10 +32,10 @@ INCOMING_WORDS = (5, 30)
 
 # Which part of the assembly a query belongs to, by a fragment of its SQL (first match wins).
 QUERY_KINDS = (
-    ("running_tokens", "history: candidate events"),
+    ("running_tokens", "history: events"),
     # The message counts (counters kept by triggers) had their own query until the evening of 2026-12-02.
     ("consolidation_experienceversion", "session extras (experience, parent, summary, message counts)"),
-    ("unnest(to_tsvector", "memories: query lexemes"),
+    ("to_tsvector('english', t)", "memories: query lexemes"),
     ("ts_stat(", "memories: scope stats"),
     ("avg(length(", "memories: scope stats"),
     ("memories_memory_fts", "memories: BM25 candidates"),
@@ -56,12 +56,15 @@ def query_kind(sql: str) -> str:
 
 def assemble_turn(session, text, sender, platform, around=nullcontext):
     """The chat turn's path (sessions_app.turns): the user's message is stored first (not
-    timed), then the prompt is assembled for it, counting the served memories as
-    retrieved. The message is removed afterwards so every assembly sees the same session.
-    `around()` is entered around the assembly alone (the profile's instruments)."""
+    timed), then the prompt is assembled for it. The served memories are counted as
+    retrieved afterwards, not timed, as the turn does when it stores its reply (until
+    2026-12-03 the count was an UPDATE inside the assembly). The message is removed
+    afterwards so every assembly sees the same session. `around()` is entered around
+    the assembly alone (the profile's instruments)."""
     from django.utils import timezone
 
     from kinsite.tokencount import count_tokens
+    from memories.services import memories_mark_retrieved
     from sessions_app.context import prompt_assemble
     from sessions_app.models import Event
 
@@ -74,20 +77,20 @@ def assemble_turn(session, text, sender, platform, around=nullcontext):
             prompt = prompt_assemble(session=session, message_text=text, sender=sender, platform=platform,
                                      current_event=message)
             elapsed = (time.perf_counter() - started) * 1000
+        memories_mark_retrieved(memory_ids=prompt.memory_ids)
         return prompt, elapsed
     finally:
         Event.objects.filter(pk=message.pk).delete()
 
 
 def assemble_preview(session, text, sender, platform, around=nullcontext):
-    """The prompt preview's path (API and dashboard): the message is not stored and
-    nothing is counted as retrieved."""
+    """The prompt preview's path (API and dashboard): the message is not stored (it is
+    counted as if it were) and nothing is counted as retrieved."""
     from sessions_app.context import prompt_assemble
 
     with around():
         started = time.perf_counter()
-        prompt = prompt_assemble(session=session, message_text=text, sender=sender, platform=platform,
-                                 count_retrieval=False)
+        prompt = prompt_assemble(session=session, message_text=text, sender=sender, platform=platform)
         elapsed = (time.perf_counter() - started) * 1000
     return prompt, elapsed
 
@@ -169,7 +172,7 @@ def instrumented(watch: Stopwatch, queries: list):
 
     wrapped = {
         "memory_search": "memory search",
-        "_candidate_events": "history: candidate events (query + rows)",
+        "_history_entries": "history: entries (query + rows)",
         "select_history": "history: select_history",
         "build_sections": "sections: build_sections",
         "render_system_prompt": "sections: render_system_prompt",
@@ -236,7 +239,7 @@ NESTED = {
     "memory search": ("sql: memories: query lexemes", "sql: memories: scope stats", "sql: memories: BM25 candidates",
                       "sql: memories: fetch hits", "sql: memories: mark retrieved",
                       "sql: memories: fetch hits + mark retrieved"),
-    "history: candidate events (query + rows)": ("sql: history: candidate events",),
+    "history: entries (query + rows)": ("sql: history: events",),
     "sections: build_sections": ("sections: count_tokens",),
 }
 

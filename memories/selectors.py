@@ -10,16 +10,16 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import connection
+from django.db.models import DateTimeField
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from redis.exceptions import RedisError
 
 from kinsite.llm.gateway import llm_embed
 from kinsite.llm.providers import get_default_provider
 from kinsite.models import Team
 from kinsite.rawsql import aware_datetime
+from kinsite.softcache import soft_cache_get, soft_cache_set
 from kinsite.textsearch import fts5_match_expression, query_terms
 from memories import ranking
 from memories.models import Memory, MemoryChange
@@ -158,8 +158,9 @@ class ScopeStats:
 
 
 class TextMatch(NamedTuple):
-    """A full-text candidate: BM25 score plus the fields ranking needs, read by the same
-    query so search does not fetch every candidate again."""
+    """A full-text candidate: BM25 score plus the fields ranking needs, and the memory's
+    row (`row`, see _memory_from_row), read by the same query so search reads no candidate
+    again."""
 
     id: int
     score: float
@@ -167,6 +168,29 @@ class TextMatch(NamedTuple):
     category: str
     updated_at: datetime
     subject: str
+    row: tuple
+
+
+# The columns a search hit is built from: all of a memory's but its embedding (never
+# shown, and up to kilobytes). Timestamps travel as text and are parsed only for the
+# hits (Django's timestamptz loader is Python and ran for every candidate).
+_HIT_FIELDS = [f for f in Memory._meta.concrete_fields if f.name != "embedding"]
+_HIT_TIMESTAMPS = {i for i, f in enumerate(_HIT_FIELDS) if isinstance(f, DateTimeField)}
+_HIT_ATTNAMES = [f.attname for f in _HIT_FIELDS]
+
+
+def _hit_columns_sql(alias: str) -> str:
+    return ", ".join(
+        f"CAST({alias}.{f.column} AS TEXT)" if i in _HIT_TIMESTAMPS else f"{alias}.{f.column}"
+        for i, f in enumerate(_HIT_FIELDS)
+    )
+
+
+def _memory_from_row(row: tuple) -> Memory:
+    """A Memory instance from the _hit_columns_sql columns, its embedding deferred."""
+    values = [aware_datetime(value) if i in _HIT_TIMESTAMPS and value is not None else value
+              for i, value in enumerate(row)]
+    return Memory.from_db(connection.alias, _HIT_ATTNAMES, values)
 
 
 def _scope_sql(*, team: Team, kin: Kin | None, include_shared: bool) -> tuple[str, dict]:
@@ -193,7 +217,7 @@ def _text_scores(*, terms: list[str], team: Team, kin: Kin | None, include_share
 
 def _scope_stats_postgresql(scope_sql: str, params: dict, include_shared: bool) -> ScopeStats:
     key = f"memories:bm25:v2:{params['team']}:{params.get('kin', 'shared')}:{int(include_shared)}"
-    stats = _cache_get(key)
+    stats = soft_cache_get(key, what="BM25 statistics")
     if stats is None:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -212,30 +236,38 @@ def _scope_stats_postgresql(scope_sql: str, params: dict, include_shared: bool) 
                                {"rows": rows_sql % {k: int(v) for k, v in params.items()}, "min_docs": min_docs})
                 common = {word: int(ndoc) for word, ndoc in cursor.fetchall()}
         stats = ScopeStats(count=int(count), avg_length=max(float(avg_length), 1.0), common=common)
-        _cache_set(key, stats, SCOPE_STATS_SECONDS)
+        soft_cache_set(key, stats, SCOPE_STATS_SECONDS)
     return stats
-
-
-# The statistics are only a cache: with the cache (Redis) down, search computes them each
-# time, slower but answering, rather than failing the turn or the API call.
-def _cache_get(key: str):
-    try:
-        return cache.get(key)
-    except RedisError as exc:
-        logger.warning("Cache unreachable, BM25 statistics computed without it: %s", exc)
-        return None
-
-
-def _cache_set(key: str, value, seconds: int) -> None:
-    try:
-        cache.set(key, value, seconds)
-    except RedisError:
-        pass  # already logged by _cache_get in the same search
 
 
 def bm25_idf(*, count: int, df: int | float) -> float:
     """Lucene's BM25 idf; the count is clamped to df because cached counts can lag."""
     return math.log(1.0 + (max(count, df) - df + 0.5) / (df + 0.5))
+
+
+# The lexemes of query terms (PostgreSQL's 'english' configuration), kept per process:
+# a word's lexemes never change, and a message is mostly words seen before, so a search
+# seldom needs the round trip for them. Terms are \w+ runs (query_terms), so a term's
+# lexemes are the same alone as within the query text (checked on every LoCoMo turn and
+# question). Bounded: emptied when full.
+LEXEME_CACHE_TERMS = 50_000
+_term_lexemes: dict[str, tuple[str, ...]] = {}
+
+
+def _query_lexemes(terms: list[str]) -> list[str]:
+    """The distinct lexemes of the terms, sorted; [] when all are PostgreSQL stop words."""
+    known = {term: _term_lexemes[term] for term in terms if term in _term_lexemes}
+    missing = [term for term in terms if term not in known]
+    if missing:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT t, array(SELECT lexeme FROM unnest(to_tsvector('english', t))) "
+                           "FROM unnest(%s::text[]) AS t", [missing])
+            found = {term: tuple(lexemes) for term, lexemes in cursor.fetchall()}
+        if len(_term_lexemes) + len(found) > LEXEME_CACHE_TERMS:
+            _term_lexemes.clear()
+        _term_lexemes.update(found)
+        known.update(found)
+    return sorted({lexeme for lexemes in known.values() for lexeme in lexemes})
 
 
 def _text_scores_postgresql(terms, scope_sql, params, limit, include_shared):
@@ -252,10 +284,7 @@ def _text_scores_postgresql(terms, scope_sql, params, limit, include_shared):
     candidate's tsvector, keeps a query that touches thousands of memories fast. The
     per-lexeme columns are generated from the lexeme count only; lexemes travel as
     parameters. Arithmetic is float8: numeric ln() was most of the cost."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %s)) ORDER BY lexeme",
-                       [" ".join(terms)])
-        lexemes = [row[0] for row in cursor.fetchall()]
+    lexemes = _query_lexemes(terms)
     if not lexemes:
         return []  # only PostgreSQL stop words
     stats = _scope_stats_postgresql(scope_sql, params, include_shared)
@@ -314,19 +343,20 @@ def _text_scores_postgresql(terms, scope_sql, params, limit, include_shared):
             ORDER BY score DESC, c.id
             LIMIT %(limit)s
         )""")
-    # updated_at travels as epoch seconds: loading timestamptz through Django's Python
-    # loader was about half the cost of reading the ~50 rows; ranking only needs it for
-    # recency, and the hits are read again in full.
+    # For ranking, updated_at travels as epoch seconds: loading timestamptz through
+    # Django's Python loader was about half the cost of reading the ~50 rows. The rest of
+    # each row is the hit's memory, should ranking keep it (_hit_memories).
     sql = f"""
         WITH {", ".join(ctes)}
-        SELECT best.id, best.score, m.importance, m.category, EXTRACT(EPOCH FROM m.updated_at)::float8, m.subject
+        SELECT best.id, best.score, m.importance, m.category, EXTRACT(EPOCH FROM m.updated_at)::float8, m.subject,
+               {_hit_columns_sql("m")}
         FROM best JOIN memories_memory m ON m.id = best.id
         ORDER BY best.score DESC, best.id
     """
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [TextMatch(memory_id, float(score), importance, category, datetime.fromtimestamp(epoch, UTC), subject)
-                for memory_id, score, importance, category, epoch, subject in cursor.fetchall()]
+        return [TextMatch(row[0], float(row[1]), row[2], row[3], datetime.fromtimestamp(row[4], UTC), row[5], row[6:])
+                for row in cursor.fetchall()]
 
 
 def _tsquery_literal(lexeme: str) -> str:
@@ -340,7 +370,7 @@ def _text_scores_sqlite(terms, scope_sql, params, limit):
     # the whole table, which is cheap and close enough.
     sql = f"""
         SELECT m.id, -bm25(memories_memory_fts, %(subject_weight)s, 1.0) AS score,
-               m.importance, m.category, m.updated_at, m.subject
+               m.importance, m.category, m.updated_at, m.subject, {_hit_columns_sql("m")}
         FROM memories_memory_fts
         JOIN memories_memory m ON m.id = memories_memory_fts.rowid
         WHERE memories_memory_fts MATCH %(match)s AND m.status = 'active' AND {scope_sql}
@@ -350,7 +380,7 @@ def _text_scores_sqlite(terms, scope_sql, params, limit):
     params = {**params, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT, "limit": limit}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [TextMatch(row[0], float(row[1]), row[2], row[3], aware_datetime(row[4]), row[5])
+        return [TextMatch(row[0], float(row[1]), row[2], row[3], aware_datetime(row[4]), row[5], row[6:])
                 for row in cursor.fetchall()]
 
 
@@ -404,7 +434,7 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
     """Active memories ranked by hybrid relevance (memories.ranking): a kin's own plus,
     with include_shared, the team-shared ones (kin=None: the shared ones only). Any
     query text is safe; a query without a word yields []. With count_retrieval (the
-    prompt builder, the recall tool) each returned memory counts one retrieval."""
+    recall tool) each returned memory counts one retrieval."""
     limit = settings.MEMORY_TOP_K if limit is None else limit
     terms = query_terms(query or "")
     if not terms or limit <= 0:
@@ -444,32 +474,30 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
         return []
     ranked = ranking.rank(candidates, query=query, now=timezone.now(),
                           half_life_days=settings.MEMORY_HALF_LIFE_DAYS, limit=limit)
-    # Only the hits become model instances: building one per candidate was a third of a
-    # search's time.
-    hit_ids = [r.id for r in ranked]
-    if not hit_ids:
+    if not ranked:
         return []
+    memories = _hit_memories([r.id for r in ranked], text_matches, kin=kin)
     if count_retrieval:
-        memories = _hits_marked_retrieved(hit_ids, kin=kin)
-    else:
-        hit_rows = Memory.objects.filter(pk__in=hit_ids, status=Memory.Status.ACTIVE)
-        memories = hit_rows.select_related("kin").defer("embedding").in_bulk()
+        # A write in a read: the recall tool counts what it serves. The prompt does not
+        # (its turn counts the served memories when it stores the reply).
+        from memories.services import memories_mark_retrieved  # services import this module
+
+        retrieved_at = memories_mark_retrieved(memory_ids=list(memories))
+        for memory in memories.values():
+            memory.retrieval_count += 1
+            memory.last_retrieved_at = retrieved_at
     return [MemoryHit(memory=memories[r.id], score=r.score, components=r.components())
             for r in ranked if r.id in memories]
 
 
-def _hits_marked_retrieved(ids: list[int], *, kin: Kin | None) -> dict[int, Memory]:
-    """The active memories among `ids`, each counted as retrieved once (what
-    memories.services.memories_mark_retrieved does), read back by the same UPDATE ...
-    RETURNING: a turn's prompt waits on one round trip fewer. The instances carry the
-    counts after this retrieval. Their kin is the searching kin or none (the scope), so
-    it is set here rather than joined."""
-    fields = [f for f in Memory._meta.concrete_fields if f.name != "embedding"]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    sql = (f"UPDATE {Memory._meta.db_table} SET retrieval_count = retrieval_count + 1, last_retrieved_at = %s "
-           f"WHERE id IN ({', '.join(['%s'] * len(ids))}) AND status = %s RETURNING {columns}")
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    memories = {memory.pk: memory for memory in Memory.objects.raw(sql, [now, *ids, Memory.Status.ACTIVE])}
+def _hit_memories(ids: list[int], text_matches: dict[int, TextMatch], *, kin: Kin | None) -> dict[int, Memory]:
+    """The hits as model instances (only the hits: building one per candidate was a third
+    of a search's time). Full-text hits come from their candidate rows; only hits found by
+    vector alone are read. Their kin is the searching kin or none (the scope), so it is
+    set here rather than joined."""
+    memories = {i: _memory_from_row(text_matches[i].row) for i in ids if i in text_matches}
+    if missing := [i for i in ids if i not in memories]:
+        memories.update(Memory.objects.filter(pk__in=missing, status=Memory.Status.ACTIVE).defer("embedding").in_bulk())
     kin_field = Memory._meta.get_field("kin")
     for memory in memories.values():
         if memory.kin_id is None:

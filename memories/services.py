@@ -1,6 +1,7 @@
 """Every write to memories. Each add, update, delete and supersede leaves exactly
 one MemoryChange row (before, after, actor, reason) in the same transaction."""
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import transaction
 from django.db.models import F
@@ -148,10 +149,12 @@ def memory_supersede(*, memory: Memory, actor: Actor, reason: str, superseded_by
     return memory
 
 
-def memories_mark_retrieved(*, memory_ids: list[int]) -> None:
-    """Count one retrieval for each memory served to a prompt (one UPDATE; not a
-    change of the memory, so no change row and updated_at stays)."""
+def memories_mark_retrieved(*, memory_ids: list[int], now: datetime | None = None) -> datetime:
+    """Count one retrieval for each memory served to a prompt or a recall (one UPDATE;
+    not a change of the memory, so no change row and updated_at stays). Returns the time
+    recorded as their last retrieval (`now`, by default the current time)."""
+    now = now or timezone.now()
     if memory_ids:
-        Memory.objects.filter(pk__in=memory_ids).update(
-            retrieval_count=F("retrieval_count") + 1, last_retrieved_at=timezone.now()
-        )
+        Memory.objects.filter(pk__in=memory_ids).update(retrieval_count=F("retrieval_count") + 1,
+                                                        last_retrieved_at=now)
+    return now

@@ -86,6 +86,7 @@ class AssembledPrompt:
     history: list[HistoryEntry]
     messages: list[Message]  # the system prompt, then the history: what the model receives
     budget: int
+    memory_ids: list[int]  # the memories in the prompt, best first
 
     @property
     def system_tokens(self) -> int:
@@ -122,30 +123,12 @@ def _openai_tool_call(call: dict[str, Any]) -> dict[str, Any]:
 
 _MESSAGE = Event.Kind.MESSAGE.value
 _USER = Event.Role.USER.value
-# A message's `data` is not read from the database (see _candidate_events); its rows
+# A message's `data` is not read from the database (see _history_entries); its rows
 # share this empty, read-only mapping instead of one new dict each.
 _NO_DATA = MappingProxyType({})
 # Named tuples built from a whole tuple at C speed: their generated __new__ is a Python
 # call, and a turn builds three per event of its history window (~700).
 _new_tuple = tuple.__new__
-
-
-def _entries(events: list[EventRow]) -> dict[int, HistoryEntry]:
-    """The history entries of the candidate events by id, in their order. Messages, the
-    common case, are built inline: this runs for every event in the history window."""
-    entries = {}
-    for event in events:
-        pk, kind, role, content, sender = event[:5]
-        if kind == _MESSAGE:
-            item = _new_tuple(HistoryItem, (pk, role, kind, event.token_count, None, ()))
-            if role == _USER and sender:
-                message = {"role": "user", "content": f"[{sender}] {content}"}
-            else:
-                message = _message(role, content, sender)
-            entries[pk] = _new_tuple(HistoryEntry, (item, message, event))
-        else:
-            entries[pk] = HistoryEntry(_history_item(event), event_as_message(event), event)
-    return entries
 
 
 def _message(role: str, content: str, sender: str) -> Message:
@@ -251,43 +234,62 @@ def _boundary_sql(summary: Boundary | None) -> tuple[str, list[Any]]:
     return " AND (created_at > %s OR (created_at = %s AND id > %s))", [at, at, summary.last_event_id]
 
 
-def _candidate_events(session_id: int, summary: Boundary | None, budget: int) -> list[EventRow]:
-    """The newest history events after the boundary that the budget could need, oldest
-    first, in one query: a running token sum from the newest event back keeps every
-    event whose newer events alone are within budget (so the one that overflows it, too)."""
+def _history_entries(session_id: int, summary: Boundary | None, budget: int) -> dict[int, HistoryEntry]:
+    """The history entries of the newest events after the boundary that the budget could
+    need, by id, oldest first, from one query. The cut is made first, from the token
+    counts alone (the event_history_tokens index, so no table row is read for it): of the
+    newest HISTORY_MAX_EVENTS events, newest first, every one whose newer events alone are
+    within budget, so the one that overflows it too. Those sums only grow, so that is the
+    first `n` events, and only those are read whole."""
     boundary, boundary_params = _boundary_sql(summary)
     kinds = ", ".join(["%s"] * len(HISTORY_KINDS))
+    scope = f"session_id = %s AND kind IN ({kinds}){boundary}"
+    scope_params = [session_id, *HISTORY_KINDS, *boundary_params]
     # A message's `data` is never read, so it is not sent.
     sql = f"""
-        SELECT w.id, w.kind, w.role, w.content, w.sender, w.platform, w.token_count,
-               CASE WHEN w.kind = %s THEN NULL ELSE w.data END, CAST(w.created_at AS TEXT)
-        FROM (
-            SELECT r.*, SUM(r.token_count) OVER (
-                ORDER BY r.created_at DESC, r.id DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
-            ) AS running_tokens
-            FROM (
-                SELECT id, kind, role, content, sender, platform, token_count, data, created_at
-                FROM sessions_app_event
-                WHERE session_id = %s AND kind IN ({kinds}){boundary}
-                ORDER BY created_at DESC, id DESC
-                LIMIT %s
-            ) r
-        ) w
-        WHERE w.running_tokens - w.token_count <= %s
-        ORDER BY w.created_at DESC, w.id DESC
+        SELECT id, kind, role, content, sender, platform, token_count,
+               CASE WHEN kind = %s THEN NULL ELSE data END, CAST(created_at AS TEXT)
+        FROM sessions_app_event e
+        WHERE {scope}
+        ORDER BY e.created_at DESC, e.id DESC  -- the columns, not the text of created_at selected
+        LIMIT (
+            SELECT count(*) FROM (
+                SELECT token_count, SUM(token_count) OVER (
+                    ORDER BY created_at DESC, id DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
+                ) AS running_tokens
+                FROM (
+                    SELECT created_at, id, token_count FROM sessions_app_event
+                    WHERE {scope}
+                    ORDER BY created_at DESC, id DESC
+                    LIMIT %s
+                ) newest
+            ) sums
+            WHERE running_tokens - token_count <= %s
+        )
     """
-    params = [Event.Kind.MESSAGE, session_id, *HISTORY_KINDS, *boundary_params, HISTORY_MAX_EVENTS, budget]
+    params = [Event.Kind.MESSAGE, *scope_params, *scope_params, HISTORY_MAX_EVENTS, budget]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    # Newest first is the order the window already has, so the database does not sort again.
+    # Newest first is the order the index gives, so the database does not sort.
     rows.reverse()
-    return [
-        _new_tuple(EventRow, (pk, kind, role, content, sender, platform, tokens,
-                              _NO_DATA if data is None else json.loads(data) if isinstance(data, str) else data,
-                              created_at))
-        for pk, kind, role, content, sender, platform, tokens, data, created_at in rows
-    ]
+    # This runs for every event of the history window (~700), so messages, the common
+    # case, are built inline.
+    entries = {}
+    for pk, kind, role, content, sender, platform, tokens, data, created_at in rows:
+        if kind == _MESSAGE:
+            event = _new_tuple(EventRow, (pk, kind, role, content, sender, platform, tokens, _NO_DATA, created_at))
+            item = _new_tuple(HistoryItem, (pk, role, kind, tokens, None, ()))
+            if role == _USER and sender:
+                message = {"role": "user", "content": f"[{sender}] {content}"}
+            else:
+                message = _message(role, content, sender)
+            entries[pk] = _new_tuple(HistoryEntry, (item, message, event))
+        else:
+            data = json.loads(data) if isinstance(data, str) else data
+            event = EventRow(pk, kind, role, content, sender, platform, tokens, data, created_at)
+            entries[pk] = HistoryEntry(_history_item(event), event_as_message(event), event)
+    return entries
 
 
 def prompt_inputs_for(
@@ -298,7 +300,6 @@ def prompt_inputs_for(
     platform: str,
     now: datetime | None = None,
     current_event: Event | None = None,
-    count_retrieval: bool = True,
 ) -> tuple[PromptInputs, list[HistoryEntry], int]:
     """The prompt inputs, the selected history (oldest first, ending with the message
     being answered) and the history budget. `current_event` is the stored message being
@@ -314,10 +315,9 @@ def prompt_inputs_for(
     extras = _session_extras(session)
     summary = extras.summary
     counts = extras.counts
-    events = _candidate_events(session.pk, summary, budget)
+    entries = _history_entries(session.pk, summary, budget)
 
     pending = current_event is None and bool(message_text.strip())
-    entries = _entries(events)
     if current_event is not None:
         # The message being answered goes last even if other events were stored after it
         # (an async post queued behind a running turn), so the model answers it.
@@ -358,7 +358,7 @@ def prompt_inputs_for(
 
     memories = []
     if message_text.strip():
-        hits = memory_search(team=kin.team, kin=kin, query=message_text, count_retrieval=count_retrieval)
+        hits = memory_search(team=kin.team, kin=kin, query=message_text)
         memories = [
             MemoryItem(id=hit.memory.pk, category=hit.memory.category, content=hit.memory.content,
                        subject=hit.memory.subject, importance=hit.memory.importance, updated_at=hit.memory.updated_at)
@@ -404,14 +404,16 @@ def prompt_assemble(
     platform: str = Event.Platform.API,
     now: datetime | None = None,
     current_event: Event | None = None,
-    count_retrieval: bool = True,
 ) -> AssembledPrompt:
-    """The prompt a turn sends: sections, the selected history and the messages list."""
+    """The prompt a turn sends: sections, the selected history and the messages list.
+    Only reads: the turn counts the served memories (`memory_ids`) as retrieved when it
+    stores its reply, and the preview does not count them."""
     inputs, history, budget = prompt_inputs_for(
         session=session, message_text=message_text, sender=sender, platform=platform, now=now,
-        current_event=current_event, count_retrieval=count_retrieval,
+        current_event=current_event,
     )
     sections = build_sections(inputs, count_tokens=count_tokens)
     messages: list[Message] = [{"role": "system", "content": render_system_prompt(sections)}]
     messages.extend(entry.message for entry in history)
-    return AssembledPrompt(sections=sections, history=history, messages=messages, budget=budget)
+    return AssembledPrompt(sections=sections, history=history, messages=messages, budget=budget,
+                           memory_ids=[memory.id for memory in inputs.memories])

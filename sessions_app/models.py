@@ -110,7 +110,17 @@ class Event(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        indexes = [models.Index(fields=["session", "created_at", "id"], name="event_session_time")]
+        indexes = [
+            models.Index(fields=["session", "created_at", "id"], name="event_session_time"),
+            # A prompt's history is cut from the newest end of these rows by their token
+            # counts (sessions_app.context._history_entries); with the count in the index
+            # that cut reads no table rows.
+            models.Index(
+                fields=["session", "created_at", "id", "token_count"],
+                condition=Q(kind__in=["message", "tool_call", "tool_result"]),
+                name="event_history_tokens",
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["session", "external_id"],

@@ -32,7 +32,7 @@ from kinsite.llm.gateway import llm_chat
 from kinsite.llm.types import LLMError, ToolCall
 from kinsite.tokencount import count_tokens
 from memories.models import Memory
-from memories.services import Actor
+from memories.services import Actor, memories_mark_retrieved
 from memories.tools import MemoryTool, ToolContext
 from sessions_app.compaction import compaction_needed
 from sessions_app.context import prompt_assemble
@@ -466,6 +466,9 @@ def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock
         turn.save(update_fields=[
             "reply", "status", "finished_at", "error", "tool_calls", "prompt_tokens", "tokens_in", "tokens_out",
         ])
+        # Assembling the prompt only reads; the memories it carried count as retrieved with
+        # the reply they served, in its transaction (no commit of their own).
+        memories_mark_retrieved(memory_ids=prompt.memory_ids, now=now)
         # A completed turn: counted towards introspection's turn_interval trigger.
         Session.objects.filter(pk=session.pk).update(
             last_activity_at=now, introspection_pending=True,

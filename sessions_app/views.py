@@ -388,15 +388,14 @@ def _post_partial(request, chat_session, *, entries, form, error=""):
 @team_required
 def session_prompt_preview(request, session_id: int):
     """What a turn would send for the typed text (SPEC §4): the same prompt_assemble a
-    turn calls, with count_retrieval off so that previewing changes nothing."""
+    turn calls; assembling only reads, so previewing changes nothing."""
     chat_session = selectors.session_get(team=request.team, session_id=session_id)
     form = PreviewForm(request.GET)
     prompt = None
     if form.is_valid():
         message = form.cleaned_data["message"]
         sender = form.cleaned_data["sender"].strip() or request.user.get_username()
-        prompt = prompt_assemble(session=chat_session, message_text=message, sender=sender, platform=PLATFORM,
-                                 count_retrieval=False)
+        prompt = prompt_assemble(session=chat_session, message_text=message, sender=sender, platform=PLATFORM)
     context = {"chat_session": chat_session, "kin": chat_session.kin, "form": form, "prompt": prompt}
     if prompt is not None:
         context["history_messages"] = sum(1 for entry in prompt.history if entry.item.kind == Event.Kind.MESSAGE)

@@ -154,7 +154,6 @@ class SessionPromptPreviewView(APIView):
             message_text=params.validated_data["message"],
             sender=params.validated_data["sender"],
             platform=params.validated_data["platform"],
-            count_retrieval=False,
         )
         history = []
         for entry in prompt.history:

@@ -132,7 +132,7 @@ def experience_of(prompt):
 
 
 def test_a_kin_without_an_experience_document_has_no_experience_section(chat_session):
-    prompt = prompt_assemble(session=chat_session, message_text="Hello", count_retrieval=False)
+    prompt = prompt_assemble(session=chat_session, message_text="Hello")
     assert experience_of(prompt) is None
 
 
@@ -146,7 +146,7 @@ def test_the_prompt_carries_the_current_experience_document(chat_session, model,
     model.add(answer(current, processed=[fact2.pk]))
     consolidation_run(kin=kin, trigger="api")
 
-    prompt = prompt_assemble(session=chat_session, message_text="Can we deploy today?", count_retrieval=False)
+    prompt = prompt_assemble(session=chat_session, message_text="Can we deploy today?")
 
     # The current version, its headings nested under the prompt's "## Experience" section.
     nested = current.replace("\n## ", "\n#### ").replace("# Master", "### Master").strip()
@@ -164,12 +164,12 @@ def test_the_prompt_carries_the_current_experience_document(chat_session, model,
 def test_reading_the_experience_costs_no_extra_query(chat_session):
     def queries():
         with CaptureQueriesContext(connection) as captured:
-            prompt_assemble(session=chat_session, message_text="", count_retrieval=False)
+            prompt_assemble(session=chat_session, message_text="")
         return len(captured.captured_queries)
 
     without = queries()
     for version in (1, 2, 3):
         ExperienceVersion.objects.create(kin=chat_session.kin, version=version, markdown=f"# Doc v{version}")
     assert queries() == without
-    prompt = prompt_assemble(session=chat_session, message_text="", count_retrieval=False)
+    prompt = prompt_assemble(session=chat_session, message_text="")
     assert experience_of(prompt).text == "### Doc v3"

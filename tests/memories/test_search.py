@@ -156,6 +156,39 @@ def test_retrieval_is_counted_only_when_asked(team, kin):
     assert miss.retrieval_count == 0
 
 
+def test_hits_carry_every_field_as_stored_without_reading_them_again(team, kin, django_assert_num_queries):
+    hit_memory = add(team, kin, "The printer is on the third floor", subject="office", importance=7)
+    Memory.objects.filter(pk=hit_memory.pk).update(retrieval_count=4, last_retrieved_at=timezone.now(),
+                                                    source_ref="event:12")
+    shared = add(team, None, "The printer toner is in the cupboard")
+    search(team, kin, "printer")  # the scope's BM25 statistics are cached after a first search
+
+    # PostgreSQL: the BM25 statement (query lexemes are known from the first search);
+    # SQLite: the FTS5 statement. No read of the hits after ranking.
+    with django_assert_num_queries(1):
+        hits = {hit.memory.pk: hit.memory for hit in search(team, kin, "printer")}
+
+    assert set(hits) == {hit_memory.pk, shared.pk}
+    for memory in (hit_memory, shared):
+        stored = Memory.objects.get(pk=memory.pk)
+        got = hits[memory.pk]
+        for field in Memory._meta.concrete_fields:
+            if field.name != "embedding":
+                assert getattr(got, field.attname) == getattr(stored, field.attname), field.name
+    with django_assert_num_queries(0):
+        assert hits[hit_memory.pk].kin == kin and hits[shared.pk].kin is None
+
+
+def test_counted_hits_carry_the_counts_they_were_given(team, kin):
+    memory = add(team, kin, "The printer is on the third floor")
+
+    [hit] = search(team, kin, "printer", count_retrieval=True)
+
+    stored = Memory.objects.get(pk=memory.pk)
+    assert (hit.memory.retrieval_count, hit.memory.last_retrieved_at) == (1, stored.last_retrieved_at)
+    assert stored.retrieval_count == 1
+
+
 def test_category_filter(team, kin):
     add(team, kin, "Coffee is free in the kitchen", category="fact")
     pref = add(team, kin, "Maria takes her coffee black", category="preference")
@@ -284,3 +317,35 @@ def test_scope_gin_indexes_skip_the_pending_list(db):
         cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname LIKE 'memory_search_%%gin'")
         indexes = dict(cursor.fetchall())
     assert indexes == {"memory_search_kin_gin": ["fastupdate=off"], "memory_search_shared_gin": ["fastupdate=off"]}
+
+
+@pytest.mark.postgres
+def test_query_lexemes_are_read_once_per_term_and_match_the_whole_query(db, monkeypatch,
+                                                                       django_assert_num_queries):
+    from django.db import connection
+
+    from kinsite.textsearch import query_terms
+    from memories import selectors
+
+    monkeypatch.setattr(selectors, "_term_lexemes", {})
+    monkeypatch.setattr(selectors, "LEXEME_CACHE_TERMS", 8)
+
+    def whole_query(text):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %s)) ORDER BY lexeme",
+                           [" ".join(query_terms(text))])
+            return [row[0] for row in cursor.fetchall()]
+
+    first, known, second = ("Running runners ran 3rd x86_64 naïve café über", "runners café",
+                            "printers deploy staging servers quarterly budgets running")
+    expected = {text: whole_query(text) for text in (first, known, second, "don t s")}
+    with django_assert_num_queries(1):
+        assert selectors._query_lexemes(query_terms(first)) == expected[first]
+    with django_assert_num_queries(0):  # every term known
+        assert selectors._query_lexemes(query_terms(known)) == expected[known]
+    # Over the bound the cache starts again; the answer is the same.
+    with django_assert_num_queries(1):
+        assert selectors._query_lexemes(query_terms(second)) == expected[second]
+    assert len(selectors._term_lexemes) <= 8
+    with django_assert_num_queries(1):  # PostgreSQL's stop words: no lexeme
+        assert selectors._query_lexemes(query_terms("don t s")) == [] == expected["don t s"]

@@ -250,8 +250,7 @@ def test_preview_partial_lists_the_non_empty_sections_with_token_counts(logged_i
     assert response.status_code == 200
     body = response.content.decode()
     assert "<html" not in body
-    expected = prompt_assemble(session=chat_session, message_text="", sender=user.username, platform="web",
-                               count_retrieval=False)
+    expected = prompt_assemble(session=chat_session, message_text="", sender=user.username, platform="web")
     sections = _section_tokens(body)
     assert list(sections) == [section.id for section in expected.sections]
     assert set(sections) <= set(SECTION_IDS) and "identity" in sections and "context" in sections

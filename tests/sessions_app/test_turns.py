@@ -75,6 +75,24 @@ def test_next_turn_sees_earlier_messages_and_relevant_memories(api_client, chat_
     assert Memory.objects.get().retrieval_count == 1
 
 
+def test_served_memories_count_as_retrieved_with_the_reply_only(api_client, chat_session, fake_llm):
+    served = MemoryFactory(kin=chat_session.kin, content="The quarterly report goes to Lena.")
+    other = MemoryFactory(kin=chat_session.kin, content="Parking is free on weekends.")
+    fake_llm.error(400, "model 'nope' does not exist")
+
+    assert post(api_client, chat_session, "Who gets the quarterly report?").status_code == 502
+    served.refresh_from_db()
+    assert served.retrieval_count == 0  # no reply was stored, so nothing was served
+
+    fake_llm.reply("Lena.")
+    assert post(api_client, chat_session, "Who gets the quarterly report?").status_code == 201
+    served.refresh_from_db()
+    other.refresh_from_db()
+    turn = Turn.objects.get(status="done")
+    assert served.retrieval_count == 1 and served.last_retrieved_at == turn.finished_at
+    assert other.retrieval_count == 0 and other.last_retrieved_at is None
+
+
 def test_tool_round_trip_stores_a_memory(api_client, chat_session, fake_llm):
     fake_llm.tool_call(
         "memorize",
