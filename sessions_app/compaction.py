@@ -17,13 +17,9 @@ from kinsite.models import PromptTemplate
 from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
 from kinsite.tokencount import count_tokens
 from sessions_app.history import HistoryItem
-from sessions_app.models import Event, Session, Summary
+from sessions_app.models import HISTORY_KINDS, Event, Session, Summary
 
 logger = logging.getLogger(__name__)
-
-# The kinds that make up history (and count towards its tokens); commands and
-# introspection/compaction markers are bookkeeping, not conversation.
-HISTORY_KINDS = (Event.Kind.MESSAGE, Event.Kind.TOOL_CALL, Event.Kind.TOOL_RESULT)
 
 LOCK_KEY = "kinsite:compaction:session:{session_id}"
 

@@ -22,7 +22,7 @@ from kinsite.rawsql import aware_datetime
 from kinsite.tokencount import count_tokens
 from memories.selectors import memory_search
 from sessions_app.history import HistoryItem, select_history
-from sessions_app.models import Event, Kin, MessageCount, Session, Summary
+from sessions_app.models import HISTORY_KINDS, Event, Kin, MessageCount, Session, Summary
 from sessions_app.prompt import (
     ConversationState,
     CurrentSource,
@@ -38,7 +38,6 @@ from sessions_app.prompt import (
 from workflows.models import Workflow
 from workflows.selectors import workflow_canvas
 
-HISTORY_KINDS = (Event.Kind.MESSAGE, Event.Kind.TOOL_CALL, Event.Kind.TOOL_RESULT)
 # The most events a prompt's history is chosen from, whatever the budget, so reading
 # the candidates stays bounded even when many near-empty events fit the token budget
 # (compaction normally keeps the un-summarised history far below this).

@@ -67,6 +67,13 @@ class Session(models.Model):
         return self.title or f"Session {self.pk}"
 
 
+# The kinds of event a prompt's history (and so compaction) is made of: messages and the
+# kin's tool calls with their results; commands and introspection/compaction markers are
+# bookkeeping, not conversation. One tuple for the readers and the index that serves
+# them (event_history_tokens), whose condition must match their filter.
+HISTORY_KINDS = ("message", "tool_call", "tool_result")
+
+
 class Event(models.Model):
     """One entry in a session's event store. Messages are events of kind
     `message`; nothing here is ever deleted (compaction only marks ranges)."""
@@ -117,7 +124,7 @@ class Event(models.Model):
             # that cut reads no table rows.
             models.Index(
                 fields=["session", "created_at", "id", "token_count"],
-                condition=Q(kind__in=["message", "tool_call", "tool_result"]),
+                condition=Q(kind__in=HISTORY_KINDS),
                 name="event_history_tokens",
             ),
         ]
