@@ -96,13 +96,13 @@ class LocalServer:
             handler.wfile.write(b"[")
             handler.wfile.flush()
             until = time.monotonic() + for_at_most
-            while time.monotonic() < until and not self.stopping.wait(every):
-                try:
+            try:
+                while time.monotonic() < until and not self.stopping.wait(every):
                     handler.wfile.write(b" ")
                     handler.wfile.flush()
-                except OSError:  # the client gave up, as it should
-                    return
-            handler.wfile.write(b"]")
+                handler.wfile.write(b"]")
+            except OSError:  # the client gave up, as it should
+                pass
 
         self.routes[path] = route
 
