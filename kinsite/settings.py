@@ -211,9 +211,15 @@ HISTORY_TOKEN_BUDGET = env_int("HISTORY_TOKEN_BUDGET", 40_000)
 KIN_MAX_TOOL_CALLS = env_int("KIN_MAX_TOOL_CALLS", 8)
 # CURRENT CANVAS (SPEC §9): the most characters a workflow-attached session's canvas takes.
 CANVAS_MAX_CHARS = env_int("CANVAS_MAX_CHARS", 1_500)
-# The "JSON over HTTP" workflow source: per-request timeout and the largest body it reads.
+# The "JSON over HTTP" workflow source: the time one fetch may take in all (lookup, connects,
+# redirects, body) and the largest body it reads. Its SSRF policy (SPEC §13, kinsite/netguard.py):
+# loopback, private, link-local, multicast, reserved and metadata addresses are refused unless
+# allowed here: host names, IPs or CIDRs in ALLOWED_HOSTS (comma-separated), or every address but
+# the cloud metadata ones with ALLOW_PRIVATE.
 WORKFLOW_HTTP_TIMEOUT_SECONDS = env_float("WORKFLOW_HTTP_TIMEOUT_SECONDS", 10.0)
 WORKFLOW_HTTP_MAX_BYTES = env_int("WORKFLOW_HTTP_MAX_BYTES", 5 * 1024 * 1024)
+WORKFLOW_HTTP_ALLOWED_HOSTS = env_list("WORKFLOW_HTTP_ALLOWED_HOSTS", [])
+WORKFLOW_HTTP_ALLOW_PRIVATE = env_bool("WORKFLOW_HTTP_ALLOW_PRIVATE", False)
 # Compaction (SPEC §5): when un-summarised history passes TRIGGER × the kin's history
 # budget, everything but the newest COMPACTION_KEEP_TOKENS is folded into a summary
 # (0, the default: a quarter of the kin's budget, so it follows per-kin budgets).

@@ -9,19 +9,20 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from django.conf import settings
+
+from kinsite import netguard
+
+logger = logging.getLogger(__name__)
 
 Record = dict[str, Any]
 
-# Overridable in settings; defaults keep one node from tying up a worker or filling a row.
-HTTP_TIMEOUT_SECONDS = settings.WORKFLOW_HTTP_TIMEOUT_SECONDS
-HTTP_MAX_BYTES = settings.WORKFLOW_HTTP_MAX_BYTES
 CSV_MAX_CHARS = 5 * 1024 * 1024
 INLINE_MAX_RECORDS = 10_000
 # Each record is one model call; a typo'd upstream filter must not cost 50,000 calls.
@@ -208,34 +209,36 @@ def describe_csv(config: dict) -> str:
 
 
 def _check_http(config: dict) -> list[str]:
-    if not re.match(r"^https?://[^\s/]+", config["url"]):
-        return ["'url' must be an http:// or https:// address."]
-    return []
+    problem = netguard.url_problem(config["url"])
+    return [f"'url' {problem}."] if problem else []
 
 
-def _fetch_json(url: str) -> Any:
+def _fetch_json(url: str, *, ctx: RunContext) -> Any:
+    """The JSON at `url`, fetched under the SSRF policy of the WORKFLOW_HTTP_* settings (read
+    per call, so tests and operators may change them) and its time and size limits."""
+    timeout, max_bytes = settings.WORKFLOW_HTTP_TIMEOUT_SECONDS, settings.WORKFLOW_HTTP_MAX_BYTES
+    policy = netguard.Policy.build(settings.WORKFLOW_HTTP_ALLOWED_HOSTS,
+                                   allow_private=settings.WORKFLOW_HTTP_ALLOW_PRIVATE)
     try:
-        with httpx.Client(timeout=HTTP_TIMEOUT_SECONDS, follow_redirects=True, max_redirects=3) as client:
-            with client.stream("GET", url, headers={"Accept": "application/json"}) as response:
-                if response.status_code >= 400:
-                    raise NodeError(f"{url} answered HTTP {response.status_code}.")
-                body = bytearray()
-                for chunk in response.iter_bytes():
-                    body.extend(chunk)
-                    if len(body) > HTTP_MAX_BYTES:
-                        raise NodeError(f"{url} sent more than {HTTP_MAX_BYTES} bytes; the limit is {HTTP_MAX_BYTES}.")
-    except httpx.TimeoutException:
-        raise NodeError(f"{url} did not answer within {HTTP_TIMEOUT_SECONDS:g} s.")
-    except httpx.HTTPError as exc:
-        raise NodeError(f"Could not fetch {url}: {exc or type(exc).__name__}.")
-    try:
-        return json.loads(bytes(body))
-    except ValueError:
-        raise NodeError(f"{url} did not answer with JSON.")
+        body = netguard.fetch(url, policy=policy, timeout=timeout, max_bytes=max_bytes,
+                              headers={"Accept": "application/json"})
+        return json.loads(body)
+    # RecursionError: deeply nested JSON ("[[[[…") is an invalid body like any other.
+    except (netguard.FetchError, ValueError, RecursionError) as exc:
+        reason = exc if isinstance(exc, netguard.FetchError) else f"the body is not usable JSON: {exc!r:.200}"
+        logger.warning("http_json fetch of %s refused or failed (team %s, node %s): %s", url,
+                       getattr(ctx.team, "pk", None), getattr(ctx.node, "pk", None), reason)
+        # One sentence for every refusal and failure: if a refused address, a closed port, a
+        # timeout and a wrong answer read differently, the node becomes a port scanner (SPEC §13).
+        raise NodeError(
+            f"Could not fetch JSON from {url}: the address is not allowed or not reachable, or the answer was "
+            f"an error, too slow, too large or not JSON (limits: {timeout:g} s, {max_bytes} bytes). "
+            "The server log has the reason."
+        ) from None
 
 
 def run_http(ctx: RunContext, config: dict, inputs: list[list[Record]]) -> list[Record]:
-    data = _fetch_json(config["url"])
+    data = _fetch_json(config["url"], ctx=ctx)
     path = config.get("path") or ""
     if path:
         data = get_field(data, path) if isinstance(data, dict) else None

@@ -129,7 +129,7 @@ def test_a_failed_node_skips_its_downstream_only(team, django_capture_on_commit_
     assert {key: node.status for key, node in nodes.items()} == {
         "remote": "failed", "remote_filter": "skipped", "remote_table": "skipped", "local": "done", "local_table": "done",
     }
-    assert "Could not fetch http://127.0.0.1:9/nothing-listens-here" in nodes["remote"].error
+    assert "Could not fetch JSON from http://127.0.0.1:9/nothing-listens-here" in nodes["remote"].error
     assert "upstream node 'remote' did not complete" in nodes["remote_filter"].error
     assert nodes["local_table"].records_out == 2
     assert run.status == WorkflowRun.Status.FAILED
