@@ -169,19 +169,24 @@ def correction_prompt(previous_answer: str, reasons: list[str]) -> str:
 # --- validation (pure) -----------------------------------------------------------------------
 
 _HTML_COMMENT = re.compile(r"<!--.*?(-->|$)", re.DOTALL)
-# ISO-8601 date-times (a date with a time of day), optionally in brackets: "when it was
-# learned" stamps. Bare dates are kept: "the contract ends 2026-06-30" is knowledge.
-_TIMESTAMP = re.compile(
-    r"[\[(]?\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s?(?:Z|UTC|[+-]\d{2}:?\d{2}))?\b[\])]?"
-)
+# ISO-8601 date-times (a date with a time of day): "when it was learned" stamps. Bare
+# dates are kept: "the contract ends 2026-06-30" is knowledge.
+_TIMESTAMP_TEXT = r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s?(?:Z|UTC|[+-]\d{2}:?\d{2}))?\b"
+_TIMESTAMP = re.compile(_TIMESTAMP_TEXT)
+# A timestamp alone in its brackets ("[2026-03-02T09:00Z] ...", "... (2026-03-02 14:05)")
+# can go without touching the sentence. One inside a sentence ("(learned 2026-12-01 10:00)")
+# cannot: cutting it out left "(learned." So those go back to the model (answer_validate).
+_BRACKETED_TIMESTAMP = re.compile(rf"\[\s*{_TIMESTAMP_TEXT}\s*\]|\(\s*{_TIMESTAMP_TEXT}\s*\)")
 _WORD = re.compile(r"\w+(?:['’\-.]\w+)*")
+TIMESTAMP_LINES_SHOWN = 3
 
 
 def clean_markdown(markdown: str) -> str:
-    """The document as stored: HTML comments and timestamps removed, the spaces and blank
-    lines they leave tidied, trailing spaces dropped."""
+    """The document as stored: HTML comments and timestamps alone in their brackets
+    removed, the spaces and blank lines they leave tidied, trailing spaces dropped.
+    Any other timestamp stays (answer_validate refuses the answer)."""
     text = _HTML_COMMENT.sub("", markdown.replace("\r\n", "\n"))
-    text = _TIMESTAMP.sub("", text)
+    text = _BRACKETED_TIMESTAMP.sub("", text)
     lines = []
     for line in text.split("\n"):
         indent = len(line) - len(line.lstrip(" "))
@@ -189,6 +194,16 @@ def clean_markdown(markdown: str) -> str:
         body = re.sub(r"\s+([,.;:])", r"\1", body)
         lines.append((" " * indent + body) if body else "")
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
+
+
+def _timestamp_errors(markdown: str) -> list[str]:
+    lines = [line.strip() for line in markdown.splitlines() if _TIMESTAMP.search(line)]
+    if not lines:
+        return []
+    shown = "; ".join(repr(line) for line in lines[:TIMESTAMP_LINES_SHOWN])
+    more = f" (and {len(lines) - TIMESTAMP_LINES_SHOWN} more lines)" if len(lines) > TIMESTAMP_LINES_SHOWN else ""
+    return [f"The document has timestamps, which it must not: {shown}{more}. Remove each timestamp together "
+            "with the words that only say when something was learned, and keep the rest of the sentence intact."]
 
 
 def word_count(markdown: str) -> int:
@@ -223,11 +238,14 @@ def answer_validate(
       ints), superseded_fact_ids (list of ints) and summary_of_changes (string);
     - every processed id is one of `pending_ids` (this kin's facts pending at the run's
       start and shown in the prompt); ids of other kins or unknown ids are refused alike;
+      and while facts are pending at least one is processed (an answer that processed
+      none would be applied as a new version while the facts stayed pending for ever);
     - every superseded id is one of `active_ids` (this kin's active facts, pending or
       consolidated, shown in the prompt);
     - after HTML comments and timestamps are stripped (clean_markdown): each canonical
       section heading appears as a line of its own exactly once, in the template's order
-      (other headings, e.g. ### subsections, are allowed), and the document has at most
+      (other headings, e.g. ### subsections, are allowed), no timestamp is left (one
+      inside a sentence cannot be cut out safely), and the document has at most
       `max_words` words (word_count)."""
     try:
         data = json.loads(strip_json_fence(raw or ""))
@@ -265,6 +283,7 @@ def answer_validate(
     if isinstance(markdown, str):
         cleaned = clean_markdown(markdown)
         errors.extend(_section_errors(cleaned, sections))
+        errors.extend(_timestamp_errors(cleaned))
         words = word_count(cleaned)
         if words > max_words:
             errors.append(f"The document has {words} words; the limit is {max_words}. Make it denser.")
