@@ -294,7 +294,8 @@ def test_consolidation_runs_are_cursor_paginated(api_client, kin):
 
 
 def test_experience_without_a_document_answers_404(api_client, kin):
-    assert_error(api_client.get(f"{API}kins/{kin.pk}/experience/"), 404, "not_found")
+    error = assert_error(api_client.get(f"{API}kins/{kin.pk}/experience/"), 404, "not_found")
+    assert error["message"] == f"Kin {kin.pk} has no experience document yet."
 
 
 def test_experience_is_the_current_version_by_default(api_client, kin):
