@@ -5,10 +5,12 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from celery.schedules import crontab
+from django.core.cache import cache
 from django.utils import timezone
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from consolidation.services import (
+    LOCK_KEY,
     NightAlreadyConsolidated,
     consolidation_nightly,
     consolidation_request,
@@ -177,3 +179,18 @@ def test_a_requested_run_with_nothing_pending_is_closed_without_a_model_call(kin
     assert run.status == "skipped" and run.error == f"Nothing to consolidate: {kin.name} has no pending facts."
     assert run.finished_at is not None and model.calls == []
     assert not ExperienceVersion.objects.filter(kin=kin).exists()
+
+
+def test_a_requested_run_that_meets_another_run_of_its_kin_is_skipped(kin, model, django_capture_on_commit_callbacks):
+    add_fact(kin, "A fact.")
+    key = LOCK_KEY.format(kin_id=kin.pk)
+    cache.add(key, "another-run", timeout=60)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):  # eager: no retry later, so it closes now
+            requested = consolidation_request(kin=kin, trigger="api")
+    finally:
+        cache.delete(key)
+
+    run = ConsolidationRun.objects.get(pk=requested.pk)
+    assert run.status == "skipped" and "Another consolidation" in run.error and model.calls == []
+    assert Fact.objects.get(kin=kin).is_consolidated is False
