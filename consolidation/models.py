@@ -17,6 +17,7 @@ class Fact(models.Model):
         INTROSPECTION = "introspection"
         TOOL = "tool"
         API = "api"
+        DASHBOARD = "dashboard"
         ADMIN = "admin"
 
     class Status(models.TextChoices):
@@ -61,6 +62,7 @@ class ConsolidationRun(models.Model):
     class Trigger(models.TextChoices):
         NIGHTLY = "nightly"
         API = "api"
+        DASHBOARD = "dashboard"
         ADMIN = "admin"
         COMMAND = "command"
 
@@ -71,6 +73,7 @@ class ConsolidationRun(models.Model):
         REJECTED = "rejected"  # the answer failed validation twice: nothing changed
         FAILED = "failed"  # the model or the apply step failed: nothing changed
         PREPARED = "prepared"  # prompt rendered only, no model called
+        SKIPPED = "skipped"  # a requested run closed without a model call (error says why): nothing changed
 
     kin = models.ForeignKey("sessions_app.Kin", on_delete=models.CASCADE, related_name="consolidation_runs")
     trigger = models.CharField(max_length=10, choices=Trigger.choices)

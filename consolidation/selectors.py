@@ -52,7 +52,7 @@ def experience_get(kin: Kin, version: int | None = None) -> ExperienceVersion:
         kin=kin, version=version
     ).first()
     if found is None:
-        what = "an experience document yet" if version is None else f"experience version {version}"
+        what = "experience document yet" if version is None else f"experience version {version}"
         raise NotFound(f"Kin {kin.pk} has no {what}.", details={"kin": kin.pk, "version": version})
     return found
 

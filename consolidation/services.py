@@ -1,7 +1,9 @@
 """Writes of the fact ledger and consolidation (SPEC §8): fact_record() appends learnings;
 consolidation_run() folds a kin's pending facts into a new version of its experience
 document: template → prompt → model → validation in code (one corrective retry) → one
-transaction (consolidation_apply). consolidation_nightly() is the beat's entry point.
+transaction (consolidation_apply). consolidation_request() queues a run for a worker
+(consolidation_run_requested() claims and runs it); consolidation_nightly() is the beat's
+entry point. A kin without pending facts is not consolidated: there is nothing to fold in.
 
 Whatever happens, the ConsolidationRun row records it. A model or apply failure is not
 raised to the caller: it is recorded on the run (status failed, error) and nothing else
@@ -33,6 +35,7 @@ from kinsite.prompt_templates import (
     ResolvedTemplate,
     TemplateError,
     template_default,
+    template_fields,
     template_render,
     template_resolve,
 )
@@ -71,6 +74,16 @@ class NightAlreadyConsolidated(Conflict):
     """The kin already has its nightly run for that night."""
 
     code = "night_already_consolidated"
+
+
+class NothingToConsolidate(Conflict):
+    """The kin has no pending facts: asking the model would only write the same document again."""
+
+    code = "nothing_to_consolidate"
+
+
+def _nothing_to_consolidate(kin: Kin) -> NothingToConsolidate:
+    return NothingToConsolidate(f"Nothing to consolidate: {kin.name} has no pending facts.", details={"kin": kin.pk})
 
 
 # --- the fact ledger -------------------------------------------------------------------------
@@ -143,16 +156,33 @@ def _normalise_heading(line: str) -> str:
     return " ".join(line.split())
 
 
+# Data a run cannot do without: appended after a template that has no placeholder for it.
+APPENDED_WHEN_MISSING = ("current_experience", "pending_facts")
+
+
 def render_prompt(*, template_body: str, kin_name: str, max_words: int, current_experience: str,
                   pending: list[Fact], active: list[Fact]) -> str:
-    """The consolidation prompt: `template_body` filled in (raises TemplateError)."""
-    return template_render(KIND, template_body, {
+    """The consolidation prompt: `template_body` filled in (raises TemplateError).
+
+    A template without {current_experience} or {pending_facts} (instructions written
+    elsewhere, often with only {max_words}) gets each appended after it, in the tags the
+    default uses, when it has content: otherwise the model would never see the facts and
+    they would stay pending for ever."""
+    data = {
+        "current_experience": current_experience.strip(),
+        "pending_facts": "\n".join(fact_line(fact) for fact in pending),
+    }
+    prompt = template_render(KIND, template_body, {
         "kin_name": kin_name,
         "max_words": max_words,
-        "current_experience": current_experience.strip() or NO_EXPERIENCE,
-        "pending_facts": "\n".join(fact_line(fact) for fact in pending) or NO_FACTS,
+        "current_experience": data["current_experience"] or NO_EXPERIENCE,
+        "pending_facts": data["pending_facts"] or NO_FACTS,
         "active_facts": "\n".join(fact_line(fact) for fact in active) or NO_FACTS,
     })
+    used = template_fields(KIND, template_body)
+    appended = [f"<{name}>\n{data[name]}\n</{name}>" for name in APPENDED_WHEN_MISSING
+                if name not in used and data[name]]
+    return "\n\n".join([prompt.rstrip("\n"), *appended]) if appended else prompt
 
 
 def correction_prompt(previous_answer: str, reasons: list[str]) -> str:
@@ -169,19 +199,24 @@ def correction_prompt(previous_answer: str, reasons: list[str]) -> str:
 # --- validation (pure) -----------------------------------------------------------------------
 
 _HTML_COMMENT = re.compile(r"<!--.*?(-->|$)", re.DOTALL)
-# ISO-8601 date-times (a date with a time of day), optionally in brackets: "when it was
-# learned" stamps. Bare dates are kept: "the contract ends 2026-06-30" is knowledge.
-_TIMESTAMP = re.compile(
-    r"[\[(]?\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s?(?:Z|UTC|[+-]\d{2}:?\d{2}))?\b[\])]?"
-)
+# ISO-8601 date-times (a date with a time of day): "when it was learned" stamps. Bare
+# dates are kept: "the contract ends 2026-06-30" is knowledge.
+_TIMESTAMP_TEXT = r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s?(?:Z|UTC|[+-]\d{2}:?\d{2}))?\b"
+_TIMESTAMP = re.compile(_TIMESTAMP_TEXT)
+# A timestamp alone in its brackets ("[2026-03-02T09:00Z] ...", "... (2026-03-02 14:05)")
+# can go without touching the sentence. One inside a sentence ("(learned 2026-12-01 10:00)")
+# cannot: cutting it out left "(learned." So those go back to the model (answer_validate).
+_BRACKETED_TIMESTAMP = re.compile(rf"\[\s*{_TIMESTAMP_TEXT}\s*\]|\(\s*{_TIMESTAMP_TEXT}\s*\)")
 _WORD = re.compile(r"\w+(?:['’\-.]\w+)*")
+TIMESTAMP_LINES_SHOWN = 3
 
 
 def clean_markdown(markdown: str) -> str:
-    """The document as stored: HTML comments and timestamps removed, the spaces and blank
-    lines they leave tidied, trailing spaces dropped."""
+    """The document as stored: HTML comments and timestamps alone in their brackets
+    removed, the spaces and blank lines they leave tidied, trailing spaces dropped.
+    Any other timestamp stays (answer_validate refuses the answer)."""
     text = _HTML_COMMENT.sub("", markdown.replace("\r\n", "\n"))
-    text = _TIMESTAMP.sub("", text)
+    text = _BRACKETED_TIMESTAMP.sub("", text)
     lines = []
     for line in text.split("\n"):
         indent = len(line) - len(line.lstrip(" "))
@@ -189,6 +224,16 @@ def clean_markdown(markdown: str) -> str:
         body = re.sub(r"\s+([,.;:])", r"\1", body)
         lines.append((" " * indent + body) if body else "")
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
+
+
+def _timestamp_errors(markdown: str) -> list[str]:
+    lines = [line.strip() for line in markdown.splitlines() if _TIMESTAMP.search(line)]
+    if not lines:
+        return []
+    shown = "; ".join(repr(line) for line in lines[:TIMESTAMP_LINES_SHOWN])
+    more = f" (and {len(lines) - TIMESTAMP_LINES_SHOWN} more lines)" if len(lines) > TIMESTAMP_LINES_SHOWN else ""
+    return [f"The document has timestamps, which it must not: {shown}{more}. Remove each timestamp together "
+            "with the words that only say when something was learned, and keep the rest of the sentence intact."]
 
 
 def word_count(markdown: str) -> int:
@@ -223,11 +268,14 @@ def answer_validate(
       ints), superseded_fact_ids (list of ints) and summary_of_changes (string);
     - every processed id is one of `pending_ids` (this kin's facts pending at the run's
       start and shown in the prompt); ids of other kins or unknown ids are refused alike;
+      and while facts are pending at least one is processed (an answer that processed
+      none would be applied as a new version while the facts stayed pending for ever);
     - every superseded id is one of `active_ids` (this kin's active facts, pending or
       consolidated, shown in the prompt);
     - after HTML comments and timestamps are stripped (clean_markdown): each canonical
       section heading appears as a line of its own exactly once, in the template's order
-      (other headings, e.g. ### subsections, are allowed), and the document has at most
+      (other headings, e.g. ### subsections, are allowed), no timestamp is left (one
+      inside a sentence cannot be cut out safely), and the document has at most
       `max_words` words (word_count)."""
     try:
         data = json.loads(strip_json_fence(raw or ""))
@@ -252,6 +300,10 @@ def answer_validate(
         summary = ""
     processed = _id_list(data.get("processed_pending_ids", []), "processed_pending_ids", errors)
     superseded = _id_list(data.get("superseded_fact_ids", []), "superseded_fact_ids", errors)
+    if pending_ids and isinstance(data.get("processed_pending_ids"), list) and not data["processed_pending_ids"]:
+        were = "1 fact was" if len(pending_ids) == 1 else f"{len(pending_ids)} facts were"
+        errors.append(f"processed_pending_ids is empty, but {were} pending: list the id of every pending fact "
+                      "you considered, whether you folded it in or not.")
     not_pending = [fact_id for fact_id in processed if fact_id not in pending_ids]
     if not_pending:
         errors.append(f"processed_pending_ids has id(s) that are not pending facts of this kin: "
@@ -265,6 +317,7 @@ def answer_validate(
     if isinstance(markdown, str):
         cleaned = clean_markdown(markdown)
         errors.extend(_section_errors(cleaned, sections))
+        errors.extend(_timestamp_errors(cleaned))
         words = word_count(cleaned)
         if words > max_words:
             errors.append(f"The document has {words} words; the limit is {max_words}. Make it denser.")
@@ -346,9 +399,11 @@ def consolidation_run(
     The template resolves explicit `template_body` → kin → team → built-in default. The
     model is the gateway's (llm_chat, purpose "consolidation", JSON mode) unless `llm`, a
     callable prompt text → answer text, is given (the command's --llm). A rejected answer
-    gets one corrective retry. Raises TemplateError for an invalid explicit template,
-    ConsolidationBusy when another run of the kin is in progress, and
-    NightAlreadyConsolidated when `night` (a nightly run) is done already."""
+    gets one corrective retry. `prepare` works without pending facts (it shows the prompt).
+    Raises TemplateError for an invalid explicit template, NothingToConsolidate when the
+    kin has no pending facts (no run is recorded, no model called), ConsolidationBusy when
+    another run of the kin is in progress, and NightAlreadyConsolidated when `night` (a
+    nightly run) is done already."""
     max_words = max_words or settings.CONSOLIDATION_MAX_WORDS
     template = template_resolve(kind=KIND, kin=kin, explicit_body=template_body)
     if prepare:
@@ -360,37 +415,109 @@ def consolidation_run(
         )
     with cache_lock(LOCK_KEY.format(kin_id=kin.pk)) as holder:
         if holder is not None:
-            raise ConsolidationBusy(f"Kin {kin.pk} is being consolidated by another run.", details={"kin": kin.pk})
+            raise _busy(kin)
         started = time.monotonic()
         snapshot = _snapshot(kin=kin, template=template, max_words=max_words)
+        if not snapshot.pending_ids:
+            raise _nothing_to_consolidate(kin)
         run = _start(kin=kin, trigger=trigger, night=night, snapshot=snapshot, max_words=max_words)
-        try:
-            answer = _ask(run=run, kin=kin, snapshot=snapshot, llm=llm)
-        except Exception as exc:
-            return _fail(run, exc, started)
-        if answer is None:
-            run.status = Status.REJECTED
-            run.finished_at = timezone.now()
-            run.duration_ms = _elapsed_ms(started)
-            run.save(update_fields=["status", "finished_at", "duration_ms"])
-            logger.warning("Consolidation run %s of kin %s rejected: %s", run.pk, kin.pk, run.validation_errors)
-            return run
-        try:
-            return consolidation_apply(run=run, answer=answer, duration_ms=_elapsed_ms(started))
-        except Exception as exc:
-            # The transaction rolled back: facts, memories and the document are as they were.
-            return _fail(run, exc, started)
+        return _execute(run=run, kin=kin, snapshot=snapshot, llm=llm, started=started)
+
+
+def consolidation_request(*, kin: Kin, trigger: str, max_words: int | None = None) -> ConsolidationRun:
+    """A pending run of `kin`, consolidated by a worker (consolidate_kin_task) after commit,
+    for callers that do not wait for the model."""
+    run = ConsolidationRun.objects.create(kin=kin, trigger=trigger, status=Status.PENDING,
+                                          max_words=max_words or settings.CONSOLIDATION_MAX_WORDS)
+    transaction.on_commit(lambda: _task_send(run.pk))
+    return run
+
+
+def _task_send(run_id: int) -> None:
+    from consolidation.tasks import consolidate_kin_task  # tasks import this module
+
+    consolidate_kin_task.delay(run_id)
+
+
+def consolidation_run_requested(*, run_id: int) -> ConsolidationRun | None:
+    """Consolidate the kin of a requested run (consolidation_request); the run, None when it
+    is gone. Idempotent: a run that is not pending any more (claimed by an earlier delivery
+    of its task, done, skipped) is returned untouched. Without pending facts the run is
+    closed as skipped and no model is called. Raises ConsolidationBusy when another run of
+    the kin is in progress (the run stays pending)."""
+    run = ConsolidationRun.objects.select_related("kin__team").filter(pk=run_id).first()
+    if run is None or run.status != Status.PENDING:
+        return run
+    kin = run.kin
+    template = template_resolve(kind=KIND, kin=kin)
+    with cache_lock(LOCK_KEY.format(kin_id=kin.pk)) as holder:
+        if holder is not None:
+            raise _busy(kin)
+        started = time.monotonic()
+        snapshot = _snapshot(kin=kin, template=template, max_words=run.max_words)
+        if not snapshot.pending_ids:
+            return consolidation_skip(run_id=run.pk, reason=_nothing_to_consolidate(kin).message)
+        now = timezone.now()
+        with transaction.atomic():
+            _interrupt_stale_runs(kin=kin, now=now)
+            # The claim: of two deliveries of the task (acks_late redelivery, a retry) one
+            # matches pending and runs; the other finds the run claimed and does nothing.
+            claimed = ConsolidationRun.objects.filter(pk=run.pk, status=Status.PENDING).update(
+                status=Status.RUNNING, template_source=snapshot.template.source,
+                template_id=snapshot.template.template_id, rendered_prompt=snapshot.prompt,
+            )
+        if not claimed:
+            return ConsolidationRun.objects.get(pk=run.pk)
+        run.refresh_from_db()
+        return _execute(run=run, kin=kin, snapshot=snapshot, llm=None, started=started)
+
+
+def consolidation_skip(*, run_id: int, reason: str) -> ConsolidationRun | None:
+    """Close a requested run that is still pending as skipped, with `reason`; a run that is
+    claimed or done already is left as it is."""
+    ConsolidationRun.objects.filter(pk=run_id, status=Status.PENDING).update(
+        status=Status.SKIPPED, error=reason, finished_at=timezone.now()
+    )
+    return ConsolidationRun.objects.filter(pk=run_id).first()
+
+
+def _busy(kin: Kin) -> ConsolidationBusy:
+    return ConsolidationBusy(f"Kin {kin.pk} is being consolidated by another run.", details={"kin": kin.pk})
+
+
+def _interrupt_stale_runs(*, kin: Kin, now: datetime) -> None:
+    # Called holding the kin's lock: a run still marked running belongs to a worker that died.
+    ConsolidationRun.objects.filter(kin=kin, status=Status.RUNNING).update(
+        status=Status.FAILED, finished_at=now, error="Interrupted: the worker running it stopped before it finished.",
+    )
+
+
+def _execute(*, run: ConsolidationRun, kin: Kin, snapshot: _Snapshot, llm: PromptAnswerer | None,
+             started: float) -> ConsolidationRun:
+    """Ask, validate (one corrective retry) and apply; every outcome is recorded on `run`."""
+    try:
+        answer = _ask(run=run, kin=kin, snapshot=snapshot, llm=llm)
+    except Exception as exc:
+        return _fail(run, exc, started)
+    if answer is None:
+        run.status = Status.REJECTED
+        run.finished_at = timezone.now()
+        run.duration_ms = _elapsed_ms(started)
+        run.save(update_fields=["status", "finished_at", "duration_ms"])
+        logger.warning("Consolidation run %s of kin %s rejected: %s", run.pk, kin.pk, run.validation_errors)
+        return run
+    try:
+        return consolidation_apply(run=run, answer=answer, duration_ms=_elapsed_ms(started))
+    except Exception as exc:
+        # The transaction rolled back: facts, memories and the document are as they were.
+        return _fail(run, exc, started)
 
 
 def _start(*, kin: Kin, trigger: str, night: date | None, snapshot: _Snapshot, max_words: int) -> ConsolidationRun:
     now = timezone.now()
     try:
         with transaction.atomic():
-            # Holding the kin's lock, a run still marked running belongs to a worker that died.
-            ConsolidationRun.objects.filter(kin=kin, status=Status.RUNNING).update(
-                status=Status.FAILED, finished_at=now,
-                error="Interrupted: the worker running it stopped before it finished.",
-            )
+            _interrupt_stale_runs(kin=kin, now=now)
             return ConsolidationRun.objects.create(
                 kin=kin, trigger=trigger, status=Status.RUNNING, night=night,
                 template_source=snapshot.template.source, template_id=snapshot.template.template_id,
@@ -563,6 +690,6 @@ def consolidation_nightly(*, now: datetime | None = None) -> list[ConsolidationR
             continue
         try:
             runs.append(consolidation_run(kin=kin, trigger=Trigger.NIGHTLY, night=night))
-        except (NightAlreadyConsolidated, ConsolidationBusy) as exc:
+        except (NightAlreadyConsolidated, ConsolidationBusy, NothingToConsolidate) as exc:
             logger.info("Nightly consolidation of kin %s skipped: %s", kin.pk, exc)
     return runs

@@ -3,27 +3,33 @@ import logging
 
 from celery import shared_task
 
-from consolidation.services import ConsolidationBusy, NightAlreadyConsolidated, consolidation_nightly, consolidation_run
-from sessions_app.models import Kin
+from consolidation.services import (
+    ConsolidationBusy,
+    consolidation_nightly,
+    consolidation_run_requested,
+    consolidation_skip,
+)
 
 logger = logging.getLogger(__name__)
 
+BUSY_RETRY_SECONDS = 60
+
 
 # A run records its own failure (status failed or rejected) and changes nothing, so the
-# task does not retry: the facts stay pending for the next night or the next request.
-@shared_task
-def consolidate_kin_task(kin_id: int, trigger: str = "api", template_body: str | None = None,
-                         max_words: int | None = None) -> int | None:
-    """Consolidate one kin on demand; the run's id (None: the kin is gone or busy)."""
-    kin = Kin.objects.select_related("team").filter(pk=kin_id).first()
-    if kin is None:
-        return None  # deleted since the task was enqueued
+# task does not retry on those: the facts stay pending for the next night or request.
+@shared_task(bind=True, max_retries=3)
+def consolidate_kin_task(self, run_id: int) -> int | None:
+    """Consolidate the kin of a requested run (consolidation_request); the run's id (None:
+    the run is gone). A second delivery finds the run claimed or done and does nothing."""
     try:
-        run = consolidation_run(kin=kin, trigger=trigger, template_body=template_body, max_words=max_words)
-    except (ConsolidationBusy, NightAlreadyConsolidated) as exc:
-        logger.info("Consolidation of kin %s not run: %s", kin_id, exc)
-        return None
-    return run.pk
+        run = consolidation_run_requested(run_id=run_id)
+    except ConsolidationBusy:
+        if not self.request.is_eager and self.request.retries < self.max_retries:
+            # Another run of the kin is going (or this very run, delivered twice): look again later.
+            raise self.retry(countdown=BUSY_RETRY_SECONDS)
+        logger.info("Consolidation run %s skipped: another consolidation of its kin was in progress.", run_id)
+        run = consolidation_skip(run_id=run_id, reason="Another consolidation of the kin was in progress.")
+    return run.pk if run else None
 
 
 @shared_task

@@ -116,6 +116,7 @@ def experience(request, kin_id: int):
         "pending_count": selectors.facts_pending(kin).count(),
         "consolidated_run": consolidated_run,
         "busy": "busy" in request.GET,
+        "nothing": "nothing" in request.GET,
     }
     return render(request, "consolidation/experience.html", context)
 
@@ -124,15 +125,19 @@ def experience(request, kin_id: int):
 @team_required
 def experience_consolidate(request, kin_id: int):
     """Consolidate now (synchronously: the page comes back with the run's outcome).
-    With "prepare" the prompt is only rendered, for reading; nothing changes."""
+    With "prepare" the prompt is only rendered, for reading; nothing changes. Without
+    pending facts nothing runs and the page says so."""
     kin = kin_get(team=request.team, kin_id=kin_id)
     page = reverse("dashboard:experience", args=[kin.pk])
     try:
         run = services.consolidation_run(
-            kin=kin, trigger=ConsolidationRun.Trigger.API, prepare=request.POST.get("prepare") in ("on", "1", "true")
+            kin=kin, trigger=ConsolidationRun.Trigger.DASHBOARD,
+            prepare=request.POST.get("prepare") in ("on", "1", "true"),
         )
     except services.ConsolidationBusy:
         return redirect(page + "?busy=1")
+    except services.NothingToConsolidate:
+        return redirect(page + "?nothing=1")
     return redirect(page + f"?run={run.pk}#run-{run.pk}")
 
 
@@ -156,7 +161,7 @@ def fact_list(request, kin_id: int):
             kin=kin,
             statement=form.cleaned_data["statement"],
             category=form.cleaned_data["category"],
-            source=Fact.Source.API,
+            source=Fact.Source.DASHBOARD,
             source_ref=f"user:{request.user.get_username()}",
         )
         return redirect(reverse("dashboard:fact_list", args=[kin.pk]) + f"?added={fact.pk}")

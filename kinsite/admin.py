@@ -87,7 +87,8 @@ class PromptTemplateForm(forms.ModelForm):
         help_texts = {
             "kin": "Empty: the team's template, used by every kin of the team without its own.",
             "body": "Placeholders are names in braces, e.g. {kin_name}; the ones each kind allows are listed "
-                    "below. Write {{ and }} for literal braces.",
+                    "below. Write {{ and }} for literal braces; in a consolidation template any brace that is "
+                    "not a placeholder (a JSON example) is literal as it is.",
             "is_active": "Only active templates are used; at most one per kind for a kin, and one for the team.",
         }
 

@@ -4,9 +4,12 @@ the placeholders each kind allows, validation, safe rendering and resolution
 
 Templates are admin-edited text, so they are never handed to str.format: that would let
 `{max_words.__class__}` or `{x[0]}` reach attributes and items of the values. Instead
-the body is parsed with string.Formatter().parse (Python's own format-string parser, so
-the brace rules are the familiar ones) and only plain named fields are accepted; rendering
-walks the parsed pieces and pastes each value's text in, nothing more."""
+the body is parsed into literal text and plain named placeholders, and rendering pastes
+each value's text in, nothing more. Compaction and introspection templates follow
+Python's format-string brace rules (string.Formatter().parse: every brace is a
+placeholder unless doubled). Consolidation templates are often written elsewhere as
+instructions with a JSON example, so there a brace that does not form a placeholder is
+literal text (_parse_literal_braces)."""
 import difflib
 import re
 import string
@@ -165,6 +168,9 @@ class TemplateKind:
     placeholders: dict[str, str]
     # Realistic values for the admin preview.
     sample_values: dict[str, str | int]
+    # True: braces that do not form a placeholder are literal text (_parse_literal_braces);
+    # False: Python's format-string rules, so every literal brace is doubled.
+    literal_braces: bool = False
 
 
 KINDS: dict[str, TemplateKind] = {
@@ -221,8 +227,10 @@ KINDS: dict[str, TemplateKind] = {
         placeholders={
             "kin_name": "the kin's name",
             "max_words": "the word limit of the document (default 1,200)",
-            "current_experience": "the current experience document ('(empty)' before the first consolidation)",
-            "pending_facts": "the facts to fold in, oldest first, one line each with id and category",
+            "current_experience": "the current experience document ('(empty)' before the first consolidation); "
+                                  "appended after the template when it does not use this placeholder",
+            "pending_facts": "the facts to fold in, oldest first, one line each with id and category; "
+                             "appended after the template when it does not use this placeholder",
             "active_facts": "earlier facts still in force, one line each with id and category",
         },
         sample_values={
@@ -236,6 +244,7 @@ KINDS: dict[str, TemplateKind] = {
             "pending_facts": "- [id 12] (decision) The churn report deduplicates by customer id, not by email.",
             "active_facts": "- [id 7] (decision) The churn report deduplicates by email.",
         },
+        literal_braces=True,
     ),
 }
 
@@ -334,8 +343,9 @@ def _check_field(kind: str, allowed: dict[str, str], field: str, spec: str, conv
     return None
 
 
-def _parse(kind: str, body: str) -> tuple[list[tuple[str, str | None]], list[str]]:
-    """The template as (literal text, placeholder name or None) pieces, and its errors."""
+def _parse_format_string(kind: str, body: str) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """The template as (literal text, placeholder name or None) pieces, and its errors,
+    by Python's format-string rules."""
     allowed = _kind(kind).placeholders
     pieces: list[tuple[str, str | None]] = []
     errors: list[str] = []
@@ -358,9 +368,105 @@ def _parse(kind: str, body: str) -> tuple[list[tuple[str, str | None]], list[str
     return pieces, errors
 
 
+# What the author meant as a placeholder: a name or number with nothing or attribute,
+# index, conversion or spec syntax after it (one nested {...} for a spec like {x:{y}}),
+# and no spaces inside but around it: "{max_words}", "{x.a}", "{x[0]}", "{x!r}", "{x:>10}",
+# "{0}", "{ max_words }". A JSON object never matches: its first key is quoted.
+_FIELD_LIKE = re.compile(r"\{(\s*\w*(?:[.\[!:](?:[^\s{}]|\{[^\s{}]*\})*)?\s*)\}")
+_TAG_LIKE = re.compile(r"\{%[^\n]*?%\}")  # Django/Jinja tags: refused rather than shown literally
+_OPEN_NAME = re.compile(r"\{\s*(\w+)")
+
+
+def _parse_literal_braces(kind: str, body: str) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """The template as (literal text, placeholder name or None) pieces, and its errors,
+    where braces that do not form a placeholder are literal text.
+
+    - `{name}` is a placeholder; a name that is not one of the kind's is an error (a typo
+      would otherwise reach the model silently), and so is anything that looks like a
+      placeholder but is not a plain name (_FIELD_LIKE: attribute, index, conversion,
+      spec, positional, spaces inside), a `{% tag %}`, and a `{` opening a known name
+      that is not closed right after it.
+    - Any other brace is literal: a JSON example is written as it is, nested objects
+      included, and `{}` is an empty object. Placeholders inside it are still filled.
+    - Outside such literal braces, `{{` and `}}` still stand for one brace, so templates
+      written by the format-string rules render as before. Inside them every brace is
+      itself, so the `}}` closing a nested JSON object stays two braces."""
+    allowed = _kind(kind).placeholders
+    pieces: list[tuple[str, str | None]] = []
+    errors: list[str] = []
+    if not body.strip():
+        return pieces, ["The template is empty."]
+    literal: list[str] = []
+    depth = 0  # how many literal '{' are open
+    index = 0
+    while index < len(body):
+        char = body[index]
+        if char == "{":
+            field = _FIELD_LIKE.match(body, index)
+            if field and field.group(1).strip():
+                problem = _check_literal_brace_field(kind, allowed, field.group(1))
+                if problem:
+                    errors.append(f"{_where(body, index)}: {problem}")
+                pieces.append(("".join(literal), field.group(1)))
+                literal = []
+                index = field.end()
+                continue
+            tag = _TAG_LIKE.match(body, index)
+            if tag:
+                errors.append(f"{_where(body, index)}: {tag.group()} is not a placeholder: template tags are not "
+                              f"supported; a placeholder is a name in braces, like {{{next(iter(allowed))}}}")
+                literal.append(tag.group())
+                index = tag.end()
+                continue
+            opened = _OPEN_NAME.match(body, index)
+            if opened and opened.group(1) in allowed:
+                end = _field_end(body, index)
+                shown = body[index:end] if end - index <= 40 else body[index : index + 40] + "…"
+                errors.append(f"{_where(body, index)}: '{{' is not closed as a placeholder ({shown!r}); "
+                              f"a placeholder is a name in braces, like {{{opened.group(1)}}}")
+            if depth == 0 and body.startswith("{{", index):
+                literal.append("{")
+                index += 2
+                continue
+            depth += 1
+        elif char == "}":
+            if depth == 0 and body.startswith("}}", index):
+                literal.append("}")
+                index += 2
+                continue
+            depth = max(depth - 1, 0)
+        literal.append(char)
+        index += 1
+    pieces.append(("".join(literal), None))
+    return pieces, errors
+
+
+def _check_literal_brace_field(kind: str, allowed: dict[str, str], inner: str) -> str | None:
+    if inner != inner.strip():
+        return (f"{{{inner}}} is not a placeholder: no spaces inside the braces, like {{{inner.strip()}}} "
+                f"(or {LITERAL_BRACES})")
+    try:
+        [(_, field, spec, conversion)] = string.Formatter().parse("{" + inner + "}")
+    except ValueError:
+        return f"{{{inner}}} is not a placeholder (a name in braces, like {{kin_name}}); {LITERAL_BRACES}"
+    return _check_field(kind, allowed, field, spec, conversion)
+
+
+def _parse(kind: str, body: str) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """The template as (literal text, placeholder name or None) pieces, and its errors."""
+    if _kind(kind).literal_braces:
+        return _parse_literal_braces(kind, body)
+    return _parse_format_string(kind, body)
+
+
 def template_validate(kind: str, body: str) -> list[str]:
     """Every problem of `body` as a template of `kind`, each saying what and where; [] when valid."""
     return _parse(kind, body)[1]
+
+
+def template_fields(kind: str, body: str) -> set[str]:
+    """The placeholder names `body` uses (a caller may supply what a template leaves out)."""
+    return {field for _, field in _parse(kind, body)[0] if field is not None}
 
 
 # --- rendering -----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 from django.contrib import admin, messages
 
 from consolidation.models import ConsolidationRun
-from consolidation.services import ConsolidationBusy, consolidation_run
+from consolidation.services import ConsolidationBusy, NothingToConsolidate, consolidation_run
 from kinsite.admin_mixins import ReadOnlyAdminMixin
 from sessions_app.introspection import IntrospectionDisabled, introspection_request
 from sessions_app.models import Event, IntrospectionRun, Kin, MessageCount, Session, Summary, Turn
@@ -24,6 +24,9 @@ class KinAdmin(admin.ModelAdmin):
                 run = consolidation_run(kin=kin, trigger=ConsolidationRun.Trigger.ADMIN)
             except ConsolidationBusy:
                 self.message_user(request, f"{kin.name}: another consolidation is running.", messages.WARNING)
+                continue
+            except NothingToConsolidate as exc:
+                self.message_user(request, exc.message, messages.INFO)
                 continue
             level = messages.SUCCESS if run.status == ConsolidationRun.Status.APPLIED else messages.WARNING
             outcome = f"run {run.pk} {run.status}"

@@ -16,7 +16,7 @@ TEMPLATE_MAX_CHARS = 50_000
 class FactSerializer(serializers.ModelSerializer):
     # Plain strings in the schema: as enums, "status"/"source" would collide with other enums.
     status = serializers.CharField(read_only=True, help_text="active or superseded.")
-    source = serializers.CharField(read_only=True, help_text="introspection, tool, api or admin.")
+    source = serializers.CharField(read_only=True, help_text="introspection, tool, api, dashboard or admin.")
     pending = serializers.SerializerMethodField(help_text="Active and not consolidated yet.")
 
     class Meta:
@@ -79,8 +79,10 @@ class ConsolidateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
 class ConsolidationRunSerializer(serializers.ModelSerializer):
     """A run without its bulky fields (the rendered prompt and the raw model answers)."""
 
-    status = serializers.CharField(read_only=True, help_text="pending, running, prepared, applied, rejected or failed.")
-    trigger = serializers.CharField(read_only=True, help_text="nightly, api, admin or command.")
+    status = serializers.CharField(
+        read_only=True, help_text="pending, running, prepared, applied, rejected, failed or skipped."
+    )
+    trigger = serializers.CharField(read_only=True, help_text="nightly, api, dashboard, admin or command.")
     template_source = serializers.CharField(read_only=True, help_text="explicit, kin, team or default.")
     experience_version = serializers.SerializerMethodField(help_text="The version this run wrote, if it applied.")
     processed_fact_ids = serializers.JSONField(read_only=True)

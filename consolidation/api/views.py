@@ -94,11 +94,13 @@ class KinConsolidateView(APIView):
         responses={
             200: ConsolidationRunDetailSerializer,
             400: OpenApiResponse(description="Invalid body; an invalid template lists each problem in details.template."),
+            409: OpenApiResponse(description="nothing_to_consolidate: the kin has no pending facts (no run, no "
+                                 "model call); consolidation_busy: another consolidation of the kin is running."),
             502: OpenApiResponse(description="The model call failed; the run is recorded as failed (details.run)."),
         },
         description="Consolidates the kin's pending facts now, synchronously, and answers with the run. "
         "200 whatever the run's status (prepared, applied or rejected: read `status`); "
-        "502 when the model failed.",
+        "409 when there is nothing to consolidate (prepare still renders); 502 when the model failed.",
     )
     def post(self, request, kin_id):
         kin = kin_get(team=request_team(request), kin_id=kin_id)

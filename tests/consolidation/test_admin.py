@@ -115,3 +115,15 @@ def test_consolidate_now_action_reports_a_failed_run(staff_client, kin):
     assert run.status == ConsolidationRun.Status.FAILED
     assert "The endpoint is down." in response.content.decode()
     assert not ExperienceVersion.objects.exists()
+
+
+def test_consolidate_now_action_without_pending_facts_says_so(staff_client, kin):
+    with provider_override(ScriptedProvider([])):  # any model call would fail the test
+        response = staff_client.post(
+            reverse("admin:sessions_app_kin_changelist"),
+            {"action": "consolidate_now", "_selected_action": [kin.pk]},
+            follow=True,
+        )
+
+    assert f"Nothing to consolidate: {kin.name} has no pending facts." in response.content.decode()
+    assert not ConsolidationRun.objects.exists() and not ExperienceVersion.objects.exists()

@@ -294,7 +294,8 @@ def test_consolidation_runs_are_cursor_paginated(api_client, kin):
 
 
 def test_experience_without_a_document_answers_404(api_client, kin):
-    assert_error(api_client.get(f"{API}kins/{kin.pk}/experience/"), 404, "not_found")
+    error = assert_error(api_client.get(f"{API}kins/{kin.pk}/experience/"), 404, "not_found")
+    assert error["message"] == f"Kin {kin.pk} has no experience document yet."
 
 
 def test_experience_is_the_current_version_by_default(api_client, kin):
@@ -394,3 +395,21 @@ def test_consolidate_while_another_run_holds_the_kin_answers_409(api_client, kin
 
     assert_error(response, 409, "consolidation_busy")
     assert not ConsolidationRun.objects.exists()
+
+
+def test_consolidate_without_pending_facts_answers_409_and_calls_no_model(api_client, kin):
+    version(kin, 1)
+    with provider_override(ScriptedProvider([])):  # any model call would fail the test
+        response = api_client.post(f"{API}kins/{kin.pk}/consolidate/", {}, format="json")
+
+    error = assert_error(response, 409, "nothing_to_consolidate")
+    assert error["message"] == f"Nothing to consolidate: {kin.name} has no pending facts."
+    assert not ConsolidationRun.objects.exists()
+    assert list(ExperienceVersion.objects.filter(kin=kin).values_list("version", flat=True)) == [1]
+
+
+def test_prepare_without_pending_facts_still_renders_the_prompt(api_client, kin):
+    response = api_client.post(f"{API}kins/{kin.pk}/consolidate/", {"prepare": True}, format="json")
+
+    assert response.status_code == 200 and response.json()["status"] == "prepared"
+    assert "<pending_facts>\n(none)\n</pending_facts>" in response.json()["rendered_prompt"]

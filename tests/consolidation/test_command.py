@@ -104,6 +104,7 @@ def test_a_failing_llm_command_is_a_failed_run(kin):
 
 def test_a_slow_llm_command_times_out(kin, settings):
     settings.CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS = 1
+    add_fact(kin, "A fact.")
     with pytest.raises(CommandError):
         consolidate("--kin", str(kin.pk), "--llm", "sleep 30; echo late")
     assert "did not answer within 1 s" in ConsolidationRun.objects.get().error
@@ -112,3 +113,10 @@ def test_a_slow_llm_command_times_out(kin, settings):
 def test_an_unknown_kin_is_an_error(db):
     with pytest.raises(CommandError, match="No kin with id 999999"):
         consolidate("--kin", "999999", "--prepare")
+
+
+def test_nothing_to_consolidate_is_said_and_is_not_an_error(kin, model):
+    out, _ = consolidate("--kin", str(kin.pk))
+
+    assert out.strip() == f"Nothing to consolidate: {kin.name} has no pending facts."
+    assert runs_of(kin) == [] and model.calls == []

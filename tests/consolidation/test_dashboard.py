@@ -1,6 +1,8 @@
 """The experience page and the fact ledger through Django's test client: the document
 (escaped), versions and diffs, consolidation runs with their audit details, "Consolidate
 now", facts pending first with "Add fact", other teams' kins → 404."""
+import json
+
 import pytest
 from django.core.cache import cache
 from django.urls import reverse
@@ -223,7 +225,7 @@ def test_consolidate_now_with_prepare_renders_the_prompt_and_changes_nothing(log
         response = logged_in.post(url("experience_consolidate", kin.pk), {"prepare": "on"})
 
     run = ConsolidationRun.objects.get(kin=kin)
-    assert run.status == ConsolidationRun.Status.PREPARED and run.trigger == ConsolidationRun.Trigger.API
+    assert run.status == ConsolidationRun.Status.PREPARED and run.trigger == ConsolidationRun.Trigger.DASHBOARD
     assert response.status_code == 302
     assert response["Location"] == url("experience", kin.pk) + f"?run={run.pk}#run-{run.pk}"
     page = logged_in.get(response["Location"]).content.decode()
@@ -279,7 +281,7 @@ def test_add_fact_records_a_pending_fact_by_the_user(logged_in, kin, user):
     assert response["Location"] == url("fact_list", kin.pk) + f"?added={added.pk}"
     assert added.statement == "Deploys happen on Tuesdays."
     assert added.category == Fact.Category.DECISION
-    assert added.source == Fact.Source.API and added.source_ref == f"user:{user.get_username()}"
+    assert added.source == Fact.Source.DASHBOARD and added.source_ref == f"user:{user.get_username()}"
     assert added.status == Fact.Status.ACTIVE and not added.is_consolidated
     page = logged_in.get(response["Location"]).content.decode()
     assert f"Fact {added.pk} added" in page and "Deploys happen on Tuesdays." in page
@@ -324,3 +326,28 @@ def test_consolidate_now_while_another_run_holds_the_kin_says_so(logged_in, kin)
 
     assert "Another consolidation of" in response.content.decode()
     assert not ConsolidationRun.objects.exists()
+
+
+def test_consolidate_now_records_the_dashboard_as_its_trigger(logged_in, kin):
+    pending = fact(kin, "Maria wants weekly reports.")
+    with provider_override(ScriptedProvider([answer_for(pending)])):
+        logged_in.post(url("experience_consolidate", kin.pk))
+
+    run = ConsolidationRun.objects.get(kin=kin)
+    assert (run.status, run.trigger) == ("applied", "dashboard")
+
+
+def answer_for(*facts) -> str:
+    return json.dumps({"updated_experience_markdown": V1, "processed_pending_ids": [f.pk for f in facts],
+                       "superseded_fact_ids": [], "summary_of_changes": "Added a preference."})
+
+
+def test_consolidate_now_without_pending_facts_says_so_and_changes_nothing(logged_in, kin):
+    version(kin, 1, V1)
+
+    with provider_override(ScriptedProvider([])):  # any model call would fail the test
+        response = logged_in.post(url("experience_consolidate", kin.pk), follow=True)
+
+    assert f"Nothing to consolidate: {kin.name} has no pending facts." in response.content.decode()
+    assert not ConsolidationRun.objects.exists()
+    assert list(ExperienceVersion.objects.filter(kin=kin).values_list("version", flat=True)) == [1]

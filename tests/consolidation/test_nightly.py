@@ -5,10 +5,18 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from celery.schedules import crontab
+from django.core.cache import cache
 from django.utils import timezone
 
-from consolidation.models import ConsolidationRun, Fact
-from consolidation.services import NightAlreadyConsolidated, consolidation_nightly, consolidation_run, scheduled_night
+from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from consolidation.services import (
+    LOCK_KEY,
+    NightAlreadyConsolidated,
+    consolidation_nightly,
+    consolidation_request,
+    consolidation_run,
+    scheduled_night,
+)
 from consolidation.tasks import consolidate_kin_task, consolidate_nightly_task
 from kinsite.celery import app
 from tests.consolidation.conftest import add_fact, answer, runs_of
@@ -70,6 +78,7 @@ def test_the_unique_night_holds_even_when_two_beats_race(kin, model):
     model.add(answer(processed=[fact.pk]))
     night = datetime(2031, 5, 6).date()
     consolidation_run(kin=kin, trigger="nightly", night=night)
+    add_fact(kin, "A later fact.")
     with pytest.raises(NightAlreadyConsolidated):
         consolidation_run(kin=kin, trigger="nightly", night=night)
     assert len(runs_of(kin)) == 1 and len(model.calls) == 1
@@ -134,10 +143,54 @@ def test_a_failed_nightly_run_is_recorded_and_its_facts_stay_pending(kin, model)
     assert [r.status for r in consolidation_nightly(now=at(2031, 5, 7, 3, 0))] == ["applied"]
 
 
-def test_the_on_demand_task_runs_one_kin(kin, model):
+def test_the_on_demand_task_runs_a_requested_run(kin, model, django_capture_on_commit_callbacks):
     fact = add_fact(kin, "A fact.")
     model.add(answer(processed=[fact.pk]))
-    run_id = consolidate_kin_task.apply(args=[kin.pk], kwargs={"trigger": "admin", "max_words": 500}).get()
-    run = ConsolidationRun.objects.get(pk=run_id)
+    with django_capture_on_commit_callbacks(execute=True):  # enqueued after commit; eager here
+        requested = consolidation_request(kin=kin, trigger="admin", max_words=500)
+    assert requested.status == "pending"
+    run = ConsolidationRun.objects.get(pk=requested.pk)
     assert (run.trigger, run.status, run.max_words) == ("admin", "applied", 500)
     assert consolidate_kin_task.apply(args=[999_999]).get() is None
+
+
+def test_a_redelivered_task_finds_its_run_done_and_does_nothing(kin, model, django_capture_on_commit_callbacks):
+    fact = add_fact(kin, "A fact.")
+    model.add(answer(processed=[fact.pk]))
+    with django_capture_on_commit_callbacks(execute=True):
+        run = consolidation_request(kin=kin, trigger="api")
+    late = add_fact(kin, "Arrived after the run.")
+    model.add(answer(processed=[late.pk]))  # what a second run would apply
+
+    assert consolidate_kin_task.apply(args=[run.pk]).get() == run.pk  # the broker delivers it again
+
+    assert runs_of(kin) == [run] and ConsolidationRun.objects.get(pk=run.pk).status == "applied"
+    assert list(ExperienceVersion.objects.filter(kin=kin).values_list("version", flat=True)) == [1]
+    assert Fact.objects.get(pk=late.pk).is_consolidated is False
+    assert len(model.script) == 1  # the second answer was never asked for
+
+
+def test_a_requested_run_with_nothing_pending_is_closed_without_a_model_call(kin, model,
+                                                                            django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        requested = consolidation_request(kin=kin, trigger="api")
+
+    run = ConsolidationRun.objects.get(pk=requested.pk)
+    assert run.status == "skipped" and run.error == f"Nothing to consolidate: {kin.name} has no pending facts."
+    assert run.finished_at is not None and model.calls == []
+    assert not ExperienceVersion.objects.filter(kin=kin).exists()
+
+
+def test_a_requested_run_that_meets_another_run_of_its_kin_is_skipped(kin, model, django_capture_on_commit_callbacks):
+    add_fact(kin, "A fact.")
+    key = LOCK_KEY.format(kin_id=kin.pk)
+    cache.add(key, "another-run", timeout=60)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):  # eager: no retry later, so it closes now
+            requested = consolidation_request(kin=kin, trigger="api")
+    finally:
+        cache.delete(key)
+
+    run = ConsolidationRun.objects.get(pk=requested.pk)
+    assert run.status == "skipped" and "Another consolidation" in run.error and model.calls == []
+    assert Fact.objects.get(kin=kin).is_consolidated is False

@@ -6,7 +6,7 @@ from django.core.cache import cache
 from consolidation import services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from consolidation.selectors import experience_current, fact_list, facts_pending
-from consolidation.services import ConsolidationBusy, consolidation_run, fact_record
+from consolidation.services import ConsolidationBusy, NothingToConsolidate, consolidation_run, fact_record
 from kinsite.errors import InvalidInput
 from kinsite.llm.types import LLMHTTPError
 from kinsite.models import LLMCall, PromptTemplate
@@ -257,7 +257,8 @@ def test_one_run_per_kin_at_a_time(kin, model):
 
 def test_a_run_left_running_by_a_dead_worker_is_marked_failed_by_the_next(kin, model):
     stale = ConsolidationRun.objects.create(kin=kin, trigger="api", status="running")
-    model.add(answer())
+    fact = add_fact(kin, "A fact.")
+    model.add(answer(processed=[fact.pk]))
     assert consolidation_run(kin=kin, trigger="api").status == "applied"
     stale.refresh_from_db()
     assert stale.status == "failed" and "Interrupted" in stale.error
@@ -320,3 +321,80 @@ def test_the_document_is_stored_without_html_comments_and_timestamps(kin, model)
     assert "- Use UTC in every report." in stored
     assert "- Deadline for the EMEA section is 2026-06-30." in stored  # a plain date is knowledge
     assert stored.startswith(SECTIONS[0])
+
+
+# --- nothing to consolidate ------------------------------------------------------------------
+
+
+def test_consolidate_now_without_pending_facts_calls_no_model_and_writes_nothing(kin, model):
+    fact = add_fact(kin, "A fact.")
+    model.add(answer(processed=[fact.pk]))
+    first = consolidation_run(kin=kin, trigger="api")
+    model.add(answer(summary="Integrated 0 facts."))  # what the model would say if it were asked
+    before = state_of(kin)
+
+    with pytest.raises(NothingToConsolidate) as refused:
+        consolidation_run(kin=kin, trigger="api")
+
+    assert refused.value.message == f"Nothing to consolidate: {kin.name} has no pending facts."
+    assert refused.value.status == 409 and refused.value.code == "nothing_to_consolidate"
+    assert runs_of(kin) == [first] and state_of(kin) == before
+    assert len(model.script) == 1  # never asked
+
+
+def test_prepare_renders_without_pending_facts(kin, model):
+    run = consolidation_run(kin=kin, trigger="api", prepare=True)
+    assert run.status == "prepared" and "<pending_facts>\n(none)\n</pending_facts>" in run.rendered_prompt
+
+
+# --- templates without the data placeholders -------------------------------------------------
+
+# Written for "Experienced LLMs": only {max_words}, its own sections and a literal JSON example.
+EXPERIENCED = """You keep the experience document of an AI agent. Merge the new facts into it.
+Stay under {max_words} words. Keep these sections:
+
+# Playbook
+## Do
+## Don't
+
+Return JSON only, for example:
+{
+  "updated_experience_markdown": "# Playbook\\n## Do\\n- Use pnpm.\\n## Don't",
+  "processed_pending_ids": [12, 13],
+  "superseded_fact_ids": [],
+  "summary_of_changes": "Added the pnpm rule."
+}"""
+
+
+def test_a_template_without_data_placeholders_gets_the_document_and_pending_facts_appended(kin, model):
+    first = add_fact(kin, "Use pnpm, not npm.")
+    model.add(answer("# Playbook\n## Do\n- Use pnpm, not npm.\n## Don't\n", processed=[first.pk]))
+    consolidation_run(kin=kin, trigger="api", template_body=EXPERIENCED)
+    second = add_fact(kin, "Never force-push to main.")
+    playbook = "# Playbook\n## Do\n- Use pnpm, not npm.\n## Don't\n- Force-push to main.\n"
+    model.add(answer(playbook, processed=[second.pk]))
+
+    run = consolidation_run(kin=kin, trigger="api", template_body=EXPERIENCED)
+
+    assert run.status == "applied", run.validation_errors
+    day = second.created_at.date().isoformat()
+    assert run.rendered_prompt == (
+        EXPERIENCED.replace("{max_words}", "1200")
+        + "\n\n<current_experience>\n# Playbook\n## Do\n- Use pnpm, not npm.\n## Don't\n</current_experience>"
+        + f"\n\n<pending_facts>\n- [id {second.pk}] (fact, {day}) Never force-push to main.\n</pending_facts>"
+    )
+    assert experience_current(kin).markdown == playbook and list(facts_pending(kin)) == []
+
+
+def test_an_answer_that_processes_no_pending_fact_is_retried_then_rejected(kin, model):
+    add_fact(kin, "Use pnpm, not npm.")
+    ignored = answer(document(["Use pnpm."]), processed=[], summary="Integrated 0 facts.")
+    model.add(ignored, ignored)
+    before = state_of(kin)
+
+    run = consolidation_run(kin=kin, trigger="api")
+
+    assert run.status == "rejected" and state_of(kin) == before
+    reason = "processed_pending_ids is empty, but 1 fact was pending"
+    assert reason in run.validation_errors[0]
+    assert reason in model.calls[1].messages[-1]["content"]  # the retry asked again first

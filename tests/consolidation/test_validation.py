@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from consolidation.selectors import experience_nested, experience_section
+from consolidation.selectors import experience_current, experience_nested, experience_section
 from consolidation.services import (
     answer_validate,
     canonical_sections,
@@ -171,7 +171,7 @@ def test_duplicate_ids_are_harmless_and_booleans_are_not_ids():
 
 
 def test_a_template_without_sections_checks_no_headings():
-    result, errors = validate(answer("Just a paragraph."), sections=[])
+    result, errors = validate(answer("Just a paragraph.", processed=[1]), sections=[])
     assert errors == [] and result.markdown == "Just a paragraph.\n"
 
 
@@ -219,3 +219,37 @@ def test_experience_section_keeps_code_blocks_and_is_none_when_absent():
 def test_the_prompt_copy_nests_headings_under_the_experience_section():
     assert experience_nested("# T\n## 1. A\n- x\n```\n# code\n```\n##### deep\n###### deepest") == (
         "### T\n#### 1. A\n- x\n```\n# code\n```\n###### deep\n###### deepest")
+
+
+# --- timestamps ------------------------------------------------------------------------------
+
+
+def test_a_timestamp_inside_a_sentence_goes_back_to_the_model_instead_of_being_cut_out(kin, model):
+    fact = add_fact(kin, "Use pnpm.")
+    stamped = document(["Use pnpm (learned 2026-12-01 10:00)."])
+    fixed = document(["Use pnpm."])
+    model.add(answer(stamped, processed=[fact.pk]), answer(fixed, processed=[fact.pk]))
+
+    run = consolidation_run(kin=kin, trigger="api")
+
+    assert run.status == "applied"
+    assert experience_current(kin).markdown == fixed
+    retry = model.calls[1].messages[-1]["content"]
+    assert "timestamp" in retry and "(learned 2026-12-01 10:00)" in retry
+
+
+def test_an_answer_that_keeps_a_timestamp_in_a_sentence_is_rejected_never_stored_mangled(kin, model):
+    fact = add_fact(kin, "Use pnpm.")
+    stamped = answer(document(["Use pnpm (learned 2026-12-01 10:00)."]), processed=[fact.pk])
+    model.add(stamped, stamped)
+
+    run = consolidation_run(kin=kin, trigger="api")
+
+    assert run.status == "rejected" and experience_current(kin) is None
+    assert any("2026-12-01 10:00" in error for error in run.validation_errors)
+
+
+def test_a_timestamp_in_brackets_of_its_own_is_removed_whole():
+    result, errors = validate(answer(document(["[2026-03-02T09:00:00Z] Use pnpm.", "Use UTC (2026-03-02 14:05 UTC)."]),
+                                     processed=[1]))
+    assert errors == [] and "- Use pnpm.\n" in result.markdown and "- Use UTC.\n" in result.markdown

@@ -13,6 +13,7 @@ from kinsite.prompt_templates import (
     KINDS,
     TemplateError,
     template_default,
+    template_fields,
     template_headings,
     template_placeholders,
     template_render,
@@ -104,13 +105,14 @@ class TestResolution:
         ("{pending_facts[0]}", "reaches into an attribute or item"),
         ("{x[0]}", "reaches into an attribute or item"),
         ("{0}", "positional placeholder {0}"),
-        ("{}", "positional placeholder {}"),
+        ("{:>10}", "positional placeholder {:>10}"),
         ("{max_words!r}", "has a conversion (!r)"),
         ("{max_words:>10}", "has a format spec (:>10)"),
         ("{max_words!s:>10}", "has a conversion (!s)"),
-        ("Open { brace", "'{' is not closed"),
+        ("{ max_words }", "is not a placeholder"),
+        ("{% if max_words %}", "is not a placeholder"),
         ("{max_words", "'{' is not closed"),
-        ("close } brace", "'}' without a matching '{'"),
+        ("At most {max_words words.", "'{' is not closed"),
         ("   \n", "The template is empty."),
     ],
 )
@@ -120,13 +122,81 @@ def test_validation_refuses(body, expected):
     assert expected in errors[0]
 
 
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("Open { brace", "'{' is not closed"),
+        ("{max_tool_calls", "'{' is not closed"),
+        ("close } brace", "'}' without a matching '{'"),
+        ('JSON like {"key": 1}', "is not a placeholder"),
+    ],
+)
+def test_other_kinds_refuse_every_brace_that_is_not_a_placeholder(body, expected):
+    [error] = template_validate(INTROSPECTION, body)
+    assert expected in error and "write {{ and }} for literal braces" in error
+
+
 def test_errors_say_where_and_how_to_write_literal_braces():
-    body = "# Experience\nKeep it under {max_words} words.\nUse JSON like {\"key\": 1}.\n"
-    [error] = template_validate(CONSOLIDATION, body)
+    body = "# Introspection\nAt most {max_tool_calls} calls.\nUse JSON like {\"key\": 1}.\n"
+    [error] = template_validate(INTROSPECTION, body)
     assert error.startswith("line 3, column 15:")
     assert "write {{ and }} for literal braces" in error
-    [error] = template_validate(CONSOLIDATION, "ok {max_words}\n  bad }")
+    [error] = template_validate(INTROSPECTION, "ok {max_tool_calls}\n  bad }")
     assert error.startswith("line 2, column 7:") and "{{ and }}" in error
+
+
+# A consolidation template as written for "Experienced LLMs": only {max_words}, its own
+# sections and a literal JSON example (nested, to show that braces balance).
+EXPERIENCED = """You keep the experience document of an AI agent. Merge the new facts into it.
+Stay under {max_words} words. Keep these sections:
+
+# Master AI Experience
+## 1. User Directives & Preferences
+## 2. Defensive Safeguards & Heuristics
+
+Return JSON only, for example:
+{
+  "updated_experience_markdown": "# Master AI Experience\\n## 1. User Directives & Preferences\\n- Use pnpm.",
+  "processed_pending_ids": [12, 13],
+  "superseded_fact_ids": [],
+  "summary_of_changes": "Added the pnpm rule.",
+  "example_of_nesting": {"a": {"b": [1, {"c": 2}]}}
+}
+"""
+
+
+def test_a_consolidation_template_takes_a_json_example_as_literal_text():
+    assert template_validate(CONSOLIDATION, EXPERIENCED) == []
+    rendered = template_render(CONSOLIDATION, EXPERIENCED, {"max_words": 800})
+    assert rendered == EXPERIENCED.replace("{max_words}", "800")
+
+
+@pytest.mark.parametrize("literal", [
+    '{"a": 1}', '{"a": {"b": [1, {"c": 2}]}}', "{a: 1}", "{1, 2}", "a } alone", "an { alone",
+    '{\n  "key": "value"\n}', "{#}", "{'quoted': 1}", "{}", "{ }",
+])
+def test_consolidation_braces_that_are_not_a_placeholder_are_literal(literal):
+    body = f"Use {literal} in at most {{max_words}} words."
+    assert template_validate(CONSOLIDATION, body) == []
+    expected = f"Use {literal} in at most 800 words."
+    assert template_render(CONSOLIDATION, body, {"max_words": 800}) == expected
+
+
+def test_consolidation_templates_written_with_doubled_braces_render_as_before():
+    body = '{{"words": {max_words}, "nested": {{"a": 1}}}} and }}{{'
+    assert template_render(CONSOLIDATION, body, {"max_words": 9}) == '{"words": 9, "nested": {"a": 1}} and }{'
+
+
+def test_consolidation_placeholders_inside_a_json_example_are_filled():
+    body = '{"summary": "at most {max_words} words", "kin": "{kin_name}"}'
+    assert template_render(CONSOLIDATION, body, {"max_words": 5, "kin_name": "Ada"}) == (
+        '{"summary": "at most 5 words", "kin": "Ada"}'
+    )
+
+
+def test_template_fields_are_the_placeholders_a_body_uses():
+    assert template_fields(CONSOLIDATION, EXPERIENCED) == {"max_words"}
+    assert template_fields(CONSOLIDATION, template_default(CONSOLIDATION)) == set(template_placeholders(CONSOLIDATION))
 
 
 def test_every_problem_is_reported_with_its_position():
@@ -302,7 +372,8 @@ class TestAdmin:
         assert not PromptTemplate.objects.exists()
 
     def test_unbalanced_brace_error_tells_how_to_write_literal_braces(self, staff_client, team):
-        response = admin_post(staff_client, add_url(), team=team.pk, body="JSON: {\"a\": {max_words}}")
+        response = admin_post(staff_client, add_url(), team=team.pk, kind=INTROSPECTION,
+                              body="JSON: {\"a\": {max_tool_calls}}")
         assert "write {{ and }} for literal braces" in response.content.decode()
         assert not PromptTemplate.objects.exists()
 
@@ -363,6 +434,15 @@ class TestAdmin:
         assert "<b>" not in preview
         # The kind's placeholders are listed beside the body.
         assert "<code>{pending_facts}</code>" in page
+
+    def test_a_consolidation_template_with_a_json_example_saves_and_previews(self, staff_client, team):
+        response = admin_post(staff_client, add_url(), team=team.pk, body=EXPERIENCED)
+        assert response.status_code == 302
+        template = PromptTemplate.objects.get()
+        page = staff_client.get(reverse("admin:kinsite_prompttemplate_change", args=[template.pk])).content.decode()
+        preview = page.split('<pre class="prompt-preview"', 1)[1].split("</pre>", 1)[0]
+        assert "Stay under 1200 words." in preview
+        assert "{&quot;a&quot;: {&quot;b&quot;: [1, {&quot;c&quot;: 2}]}}" in preview
 
     def test_add_page_can_start_from_the_built_in_default(self, staff_client):
         page = staff_client.get(add_url() + "?kind=compaction").content.decode()

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from consolidation.models import ConsolidationRun
-from consolidation.services import consolidation_run
+from consolidation.services import NothingToConsolidate, consolidation_run
 from kinsite.errors import KinsiteError
 from kinsite.prompt_templates import TemplateError
 from sessions_app.models import Kin
@@ -78,6 +78,10 @@ class Command(BaseCommand):
                                     max_words=max_words, prepare=prepare, llm=answerer)
         except TemplateError as exc:
             raise CommandError(f"{exc.message}\n" + "\n".join(f"  - {error}" for error in exc.errors))
+        except NothingToConsolidate as exc:
+            # Not a failure: the kin is up to date (a script or cron job can go on).
+            self.stdout.write(exc.message)
+            return
         except KinsiteError as exc:
             raise CommandError(exc.message)
 
