@@ -157,13 +157,19 @@ def document_clean(data: Any) -> WorkflowDocument:
         if source and target:
             edges.append(EdgeSpec(source, target, source_handle, target_handle, kind))
 
-    if errors:
-        raise WorkflowInvalid(errors[0] if len(errors) == 1 else f"{errors[0]} (and {len(errors) - 1} more problems)",
-                              details={"errors": errors})
-    cycle = find_cycle([n.id for n in nodes], [(e.source, e.target) for e in edges])
+    # The cycle is looked for even when there are other problems, so that one answer lists
+    # them all; edges naming a missing node are reported above and left out here.
+    node_ids = {node.id for node in nodes}
+    cycle = find_cycle([n.id for n in nodes],
+                       [(e.source, e.target) for e in edges if e.source in node_ids and e.target in node_ids])
     if cycle:
-        path = " → ".join(cycle)
-        raise WorkflowInvalid(f"The workflow has a cycle: {path}.", details={"errors": [f"cycle: {path}"], "cycle": cycle})
+        errors.append(f"cycle: {' → '.join(cycle)}")
+    if errors:
+        if cycle and len(errors) == 1:
+            message = f"The workflow has a cycle: {' → '.join(cycle)}."
+        else:
+            message = errors[0] if len(errors) == 1 else f"{errors[0]} (and {len(errors) - 1} more problems)"
+        raise WorkflowInvalid(message, details={"errors": errors, **({"cycle": cycle} if cycle else {})})
     return WorkflowDocument(name=name, description=description, nodes=nodes, edges=edges)
 
 
