@@ -308,34 +308,43 @@ def workflow_export(*, workflow: Workflow) -> dict:
 # --- runs ---------------------------------------------------------------------------------------
 
 
-def workflow_run_check(*, workflow: Workflow) -> list[Node]:
-    """The workflow's nodes if it can run; WorkflowInvalid (400) naming unknown node types
-    and nodes with the wrong number of inputs."""
-    nodes = list(workflow.nodes.all())
-    if not nodes:
-        raise WorkflowInvalid("The workflow has no nodes to run.")
+def run_problems(nodes: list[Node], data_inputs: dict[int, int]) -> list[str]:
+    """Why these nodes cannot run, every reason at once ([] when they can): unknown node
+    types, and nodes with the wrong number of data inputs (`data_inputs`: node pk → count).
+    Pure, so the dashboard disables its Run button for the same reasons the API refuses."""
+    problems = []
     unknown = sorted({node.type for node in nodes if node.type not in NODE_TYPES})
     if unknown:
         names = ", ".join(f"'{n.client_id}' ({n.type})" for n in nodes if n.type in unknown)
-        raise WorkflowInvalid(
-            f"Unknown node types cannot run: {', '.join(unknown)} (nodes {names}). "
-            f"Known types: {', '.join(sorted(NODE_TYPES))}.",
-            details={"unknown_types": unknown},
-        )
-    data_inputs: dict[int, int] = defaultdict(int)
-    for target_id in workflow.edges.filter(kind=Edge.Kind.DATA).values_list("target_id", flat=True):
-        data_inputs[target_id] += 1
-    problems = []
+        problems.append(f"Unknown node types cannot run: {', '.join(unknown)} (nodes {names}). "
+                        f"Known types: {', '.join(sorted(NODE_TYPES))}.")
     for node in nodes:
-        node_type, count = NODE_TYPES[node.type], data_inputs[node.pk]
+        node_type, count = NODE_TYPES.get(node.type), data_inputs.get(node.pk, 0)
+        if node_type is None:
+            continue
         if node_type.max_inputs == 0 and count:
             problems.append(f"node '{node.client_id}' ({node.type}) is a source and takes no inputs, but has {count}.")
         elif count < node_type.min_inputs or (node_type.max_inputs is not None and count > node_type.max_inputs):
             wanted = (f"exactly {node_type.min_inputs}" if node_type.min_inputs == node_type.max_inputs
                       else f"at least {node_type.min_inputs}")
             problems.append(f"node '{node.client_id}' ({node.type}) needs {wanted} data inputs, has {count}.")
+    return problems
+
+
+def workflow_run_check(*, workflow: Workflow) -> list[Node]:
+    """The workflow's nodes if it can run; WorkflowInvalid (400) naming unknown node types
+    and nodes with the wrong number of inputs."""
+    nodes = list(workflow.nodes.all())
+    if not nodes:
+        raise WorkflowInvalid("The workflow has no nodes to run.")
+    data_inputs: dict[int, int] = defaultdict(int)
+    for target_id in workflow.edges.filter(kind=Edge.Kind.DATA).values_list("target_id", flat=True):
+        data_inputs[target_id] += 1
+    problems = run_problems(nodes, data_inputs)
     if problems:
-        raise WorkflowInvalid(" ".join(problems), details={"errors": problems})
+        unknown = sorted({node.type for node in nodes if node.type not in NODE_TYPES})
+        raise WorkflowInvalid(" ".join(problems),
+                              details={"errors": problems, **({"unknown_types": unknown} if unknown else {})})
     return nodes
 
 
