@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,11 +12,14 @@ from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerUnreachable
 
-from kinsite.errors import Conflict, InvalidInput
+from kinsite.errors import Conflict, InvalidInput, ServiceUnavailable
 from kinsite.models import Team
 from workflows.models import Edge, Node, NodeRun, Workflow, WorkflowRun
 from workflows.registry import NODE_TYPES, validate_params
+
+logger = logging.getLogger(__name__)
 
 MAX_NODES = 10_000
 DESCRIPTION_MAX_CHARS = 10_000
@@ -351,9 +355,9 @@ def workflow_run_check(*, workflow: Workflow) -> list[Node]:
 @transaction.atomic
 def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
     """Checks the workflow can run, creates the run and one NodeRun per node (by wave), and
-    enqueues wave 0 after commit (eager Celery: the whole run happens then)."""
-    from workflows.tasks import run_wave_task
-
+    enqueues wave 0 after commit (eager Celery: the whole run happens then). With the broker
+    (Redis) down it raises ServiceUnavailable (503) after undoing the run, so nothing stored
+    blocks the next request."""
     workflow = Workflow.objects.select_for_update().get(pk=workflow.pk)
     nodes = workflow_run_check(workflow=workflow)
     active = WorkflowRun.objects.filter(
@@ -371,5 +375,41 @@ def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
         [NodeRun(run=run, node=node, wave=waves[node.client_id]) for node in nodes], batch_size=500
     )
     Node.objects.filter(workflow=workflow).update(status=Node.Status.PENDING)
-    transaction.on_commit(lambda: run_wave_task.delay(run.pk, 0))
+    statuses_before = {node.pk: node.status for node in nodes}
+    transaction.on_commit(lambda: _run_enqueue(run, statuses_before))
     return run
+
+
+def _run_enqueue(run: WorkflowRun, statuses_before: dict[int, str]) -> None:
+    """Send the run's first wave. When the broker does not take it, the run is removed again
+    rather than kept pending: a pending run blocks the workflow (409) until it is an hour
+    old, and a run is cheap to request again, unlike a chat message to type again."""
+    from workflows.tasks import run_wave_task
+
+    try:
+        run_wave_task.delay(run.pk, 0)
+    except BrokerUnreachable as exc:
+        logger.warning("Run %s of workflow %s is not started, the broker is unreachable: %s",
+                       run.pk, run.workflow_id, exc)
+        _run_discard(run=run, statuses_before=statuses_before)
+        raise ServiceUnavailable(
+            "The task queue (Redis) is unreachable, so the run was not started and nothing was stored. "
+            "Request the run again shortly.",
+            details={"service": "redis", "stored": False, "workflow": run.workflow_id},
+        ) from exc
+
+
+@transaction.atomic
+def _run_discard(*, run: WorkflowRun, statuses_before: dict[int, str]) -> None:
+    """Undo a run whose first wave never reached the broker: delete it (its NodeRuns go with
+    it) and give its nodes back the statuses they had. Only while it is pending: should the
+    broker have taken the task after all, a worker that started it keeps it, and one that
+    comes later finds no run and does nothing."""
+    deleted, _ = WorkflowRun.objects.filter(pk=run.pk, status=WorkflowRun.Status.PENDING).delete()
+    if not deleted:
+        return
+    by_status: dict[str, list[int]] = defaultdict(list)
+    for node_pk, status in statuses_before.items():
+        by_status[status].append(node_pk)
+    for status, node_pks in by_status.items():
+        Node.objects.filter(pk__in=node_pks, status=Node.Status.PENDING).update(status=status)
