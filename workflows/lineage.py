@@ -310,9 +310,11 @@ class _Layout:
         for i in range(count):
             for p in self.parents[i]:
                 self.height[i] = max(self.height[i], self.height[p] + 1)
-        # The steps that always show: the node's own (the last entry), or, for the lineage of
-        # what fed a node (lineage_upstream: the node is not an entry), each input's last step.
+        # False for the lineage of what fed a node (lineage_upstream): the node is no entry,
+        # so no segment is its "Then:" and every input's chain is a branch.
         self.ends_at_node = bool(entries) and entries[-1].id == graph.node_id
+        # The steps that always show when folding: the node's own (the one sink of a node's
+        # lineage), or each input's last step (the sinks of lineage_upstream's graph).
         self.sinks = [i for i in range(count) if not children[i]]
 
     def header(self, s: int) -> str | None:
@@ -382,14 +384,16 @@ def lineage_to_narrative(graph: LineageGraph, max_chars: int = 2000) -> str:
     segment (see `_Layout`) is a list under a header: "Branch A:" (from a source),
     "Branch B: continues from Branch A step 2." (after a diamond's shared ancestor),
     "Branch C: Branch A and Branch B are combined." (a join inside the lineage), and
-    last "Then: Branch A and Branch B are combined." for the join leading to the node.
+    last "Then: Branch A and Branch B are combined." for the join leading to the node
+    (a lineage_upstream graph has no such last segment: each input is a branch).
     A stale graph starts with "Warning: upstream settings changed since these records
     were produced: <node> never ran; <node> lost its results; <node> has changed
     settings since its last run."
 
     Over budget, in order: parameter detail is dropped; then steps are folded into
     "1–3. 3 further steps." from the sources down (at level c every step fewer than c
-    edges from a source, the smallest c that fits; the node's own step always shows);
+    edges from a source, the smallest c that fits; the node's own step always shows, or,
+    in a lineage_upstream graph, each input's last step);
     if even the most folded form is over, the warning and then the last whole lines that
     fit are kept (the steps nearest the node matter most) after a line saying so.
     Linear in the entries; only the lines that can fit are ever formatted."""
