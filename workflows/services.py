@@ -312,10 +312,12 @@ def workflow_export(*, workflow: Workflow) -> dict:
 # --- runs ---------------------------------------------------------------------------------------
 
 
-def run_problems(nodes: list[Node], data_inputs: dict[int, int]) -> list[str]:
+def workflow_run_problems(*, nodes: list[Node], data_inputs: dict[int, int]) -> list[str]:
     """Why these nodes cannot run, every reason at once ([] when they can): unknown node
     types, and nodes with the wrong number of data inputs (`data_inputs`: node pk → count).
     Pure, so the dashboard disables its Run button for the same reasons the API refuses."""
+    if not nodes:
+        return ["The workflow has no nodes to run."]
     problems = []
     unknown = sorted({node.type for node in nodes if node.type not in NODE_TYPES})
     if unknown:
@@ -339,12 +341,10 @@ def workflow_run_check(*, workflow: Workflow) -> list[Node]:
     """The workflow's nodes if it can run; WorkflowInvalid (400) naming unknown node types
     and nodes with the wrong number of inputs."""
     nodes = list(workflow.nodes.all())
-    if not nodes:
-        raise WorkflowInvalid("The workflow has no nodes to run.")
     data_inputs: dict[int, int] = defaultdict(int)
     for target_id in workflow.edges.filter(kind=Edge.Kind.DATA).values_list("target_id", flat=True):
         data_inputs[target_id] += 1
-    problems = run_problems(nodes, data_inputs)
+    problems = workflow_run_problems(nodes=nodes, data_inputs=data_inputs)
     if problems:
         unknown = sorted({node.type for node in nodes if node.type not in NODE_TYPES})
         raise WorkflowInvalid(" ".join(problems),

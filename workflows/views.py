@@ -85,7 +85,7 @@ def _detail_context(workflow: Workflow) -> dict:
         "last_run": selectors.workflow_last_run(workflow=workflow),
         "active_statuses": ACTIVE_RUN_STATUSES,
         # The reasons the run service would refuse (400): the Run button is disabled and says why.
-        "run_blockers": services.run_problems(nodes, data_inputs) if nodes else ["The workflow has no nodes to run."],
+        "run_blockers": services.workflow_run_problems(nodes=nodes, data_inputs=data_inputs),
     }
 
 
