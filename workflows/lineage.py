@@ -207,9 +207,13 @@ def lineage_upstream(graph: LineageGraph) -> LineageGraph:
     The node stays `node_id`, so the narrative knows it is not among the entries and gives
     each input its own branch (no "Then:" step for the node). This is `{{_lineage}}`: a node
     about to run has no records of its own yet, only its inputs' history."""
+    if not graph.entries:
+        return graph
     entries = graph.entries[:-1]
     edges = [edge for edge in graph.edges if edge.target != graph.node_id]
-    reasons = [_CAUSE_TEXT[entry.stale_cause].format(entry.label or entry.id) for entry in entries if entry.stale_cause]
+    # The reasons as collect_lineage worded them, one per stale entry in order: the node's
+    # own, if any, is the last.
+    reasons = graph.stale_reasons[:-1] if graph.entries[-1].stale_cause else list(graph.stale_reasons)
     return LineageGraph(node_id=graph.node_id, entries=entries, edges=edges, stale=bool(reasons),
                         stale_reasons=reasons)
 

@@ -338,3 +338,12 @@ def test_upstream_is_stale_only_for_the_inputs():
     text = narrate_upstream(chain_nodes(**changed), CHAIN_EDGES, "greet")
     assert text.startswith(f"{STALE_WARNING}: adults has changed settings since its last run.\n1. Loads people.csv")
     assert "Asks the model" not in text
+
+
+def test_upstream_leaves_out_the_nodes_own_staleness():
+    changed = {"adults": {"current_fingerprint": "other"}, "greet": {"results_version": 0, "config_fingerprint": ""}}
+    g = GraphInfo(nodes=chain_nodes(**changed), edges=[EdgeInfo(*e.split(">")) for e in CHAIN_EDGES])
+    upstream = lineage_upstream(collect_lineage(g, "greet", describe=describe))  # check_self: greet never ran
+
+    assert upstream.stale_reasons == ["adults has changed settings since its last run"]
+    assert [entry.id for entry in upstream.entries] == ["people", "adults"]
