@@ -189,11 +189,14 @@ SPECTACULAR_SETTINGS = {
 
 # Per-token rate limits (kinsite/api/throttles.py), "N/s|min|hour|day"; empty: no limit.
 # "chat": POST /sessions/{id}/messages/ (sync and ?async=1). "jobs": POST
-# /sessions/{id}/checkpoint/ and POST /kins/{id}/consolidate/. Counted in the cache, so
-# with REDIS_URL every web process shares one window per token.
+# /sessions/{id}/checkpoint/ and POST /kins/{id}/consolidate/. "workflow_runs": POST
+# /workflows/{id}/run/, its own allowance since one run may make thousands of model calls
+# and a busy workflow script must not use up the checkpoints' share. Counted in the cache,
+# so with REDIS_URL every web process shares one window per token.
 API_THROTTLE_RATES = {
     "chat": env_str("API_RATE_CHAT", "60/min"),
     "jobs": env_str("API_RATE_JOBS", "20/min"),
+    "workflow_runs": env_str("API_RATE_WORKFLOW_RUNS", "10/min"),
 }
 
 # --- Kinsite --------------------------------------------------------------------

@@ -62,12 +62,13 @@ def node_lineage_export(*, workflow, graph, fmt: str, namespace: str, max_chars:
 
 
 def node_lineage_narrative(*, workflow, client_id: str, max_chars: int = 2000) -> str:
-    """The narrative a node about to run sees as {{_lineage}}: its own results are about to be
-    replaced, so only its upstream nodes can make it stale."""
-    from workflows.lineage import lineage_to_narrative
+    """The narrative a node about to run sees as {{_lineage}}: the lineage of what fed it, its
+    upstream steps without itself (it has no records yet, and its prompt already says what
+    it does); only those upstream nodes can make it stale."""
+    from workflows.lineage import lineage_to_narrative, lineage_upstream
 
     graph = node_lineage(workflow=workflow, client_id=client_id, check_self=False)
-    return lineage_to_narrative(graph, max_chars=max_chars)
+    return lineage_to_narrative(lineage_upstream(graph), max_chars=max_chars)
 
 
 def workflow_run_wave(*, run_id: int, wave: int) -> int | None:

@@ -202,6 +202,22 @@ def _kahn(nodes: list[NodeInfo], members: list[int], pairs: list[tuple[int, int]
     return order
 
 
+def lineage_upstream(graph: LineageGraph) -> LineageGraph:
+    """What fed the node: its lineage without its own entry (the last) and the edges into it.
+    The node stays `node_id`, so the narrative knows it is not among the entries and gives
+    each input its own branch (no "Then:" step for the node). This is `{{_lineage}}`: a node
+    about to run has no records of its own yet, only its inputs' history."""
+    if not graph.entries:
+        return graph
+    entries = graph.entries[:-1]
+    edges = [edge for edge in graph.edges if edge.target != graph.node_id]
+    # The reasons as collect_lineage worded them, one per stale entry in order: the node's
+    # own, if any, is the last.
+    reasons = graph.stale_reasons[:-1] if graph.entries[-1].stale_cause else list(graph.stale_reasons)
+    return LineageGraph(node_id=graph.node_id, entries=entries, edges=edges, stale=bool(reasons),
+                        stale_reasons=reasons)
+
+
 # --- Narrative -------------------------------------------------------------------------
 
 STALE_WARNING = "Warning: upstream settings changed since these records were produced"
@@ -298,11 +314,17 @@ class _Layout:
         for i in range(count):
             for p in self.parents[i]:
                 self.height[i] = max(self.height[i], self.height[p] + 1)
+        # False for the lineage of what fed a node (lineage_upstream): the node is no entry,
+        # so no segment is its "Then:" and every input's chain is a branch.
+        self.ends_at_node = bool(entries) and entries[-1].id == graph.node_id
+        # The steps that always show when folding: the node's own (the one sink of a node's
+        # lineage), or each input's last step (the sinks of lineage_upstream's graph).
+        self.sinks = [i for i in range(count) if not children[i]]
 
     def header(self, s: int) -> str | None:
-        final = s == len(self.segments) - 1
-        if final and s == 0:
+        if len(self.segments) == 1:
             return None  # a plain chain: just the numbered list
+        final = self.ends_at_node and s == len(self.segments) - 1
         name = "Then" if final else f"Branch {_letter(s)}"
         parents = self.parents[self.segments[s][0]]
         if not parents:
@@ -366,14 +388,16 @@ def lineage_to_narrative(graph: LineageGraph, max_chars: int = 2000) -> str:
     segment (see `_Layout`) is a list under a header: "Branch A:" (from a source),
     "Branch B: continues from Branch A step 2." (after a diamond's shared ancestor),
     "Branch C: Branch A and Branch B are combined." (a join inside the lineage), and
-    last "Then: Branch A and Branch B are combined." for the join leading to the node.
+    last "Then: Branch A and Branch B are combined." for the join leading to the node
+    (a lineage_upstream graph has no such last segment: each input is a branch).
     A stale graph starts with "Warning: upstream settings changed since these records
     were produced: <node> never ran; <node> lost its results; <node> has changed
     settings since its last run."
 
     Over budget, in order: parameter detail is dropped; then steps are folded into
     "1–3. 3 further steps." from the sources down (at level c every step fewer than c
-    edges from a source, the smallest c that fits; the node's own step always shows);
+    edges from a source, the smallest c that fits; the node's own step always shows, or,
+    in a lineage_upstream graph, each input's last step);
     if even the most folded form is over, the warning and then the last whole lines that
     fit are kept (the steps nearest the node matter most) after a line saying so.
     Linear in the entries; only the lines that can fit are ever formatted."""
@@ -404,11 +428,12 @@ def lineage_to_narrative(graph: LineageGraph, max_chars: int = 2000) -> str:
         if lines is not None:
             return "\n".join(head + lines)
 
-    # The most folded form: every step but the node's own in "further steps" lines. Built
-    # from the end, stopping once over budget (then the tail built so far is the answer).
-    target = len(entries) - 1
+    # The most folded form: every step but the node's own (or, without it, each input's last
+    # step) in "further steps" lines. Built from the end, stopping once over budget (then the
+    # tail built so far is the answer).
     hidden = [len(segment) for segment in segments]
-    hidden[-1] -= 1
+    for sink in layout.sinks:  # a sink ends its segment
+        hidden[layout.segment_of[sink]] -= 1
     tail: list[str] = []  # reversed
     used = 0
     for s in range(len(segments) - 1, -1, -1):
@@ -421,10 +446,12 @@ def lineage_to_narrative(graph: LineageGraph, max_chars: int = 2000) -> str:
     # It fits: unfold from the most folded level down while the text still fits. A step
     # at height c shows once the level is c or less; a segment's folded steps stay a
     # prefix because heights grow along a segment.
+    always_shown = set(layout.sinks)
     by_height: dict[int, list[int]] = {}
-    for i in range(target):
-        by_height.setdefault(layout.height[i], []).append(i)
-    for level in range(layout.height[target] - 1, 0, -1):
+    for i in range(len(entries)):
+        if i not in always_shown:
+            by_height.setdefault(layout.height[i], []).append(i)
+    for level in range(max(by_height, default=0), 0, -1):
         growth = 0
         for i in by_height.get(level, ()):
             s = layout.segment_of[i]

@@ -10,11 +10,13 @@ import csv
 import io
 import json
 import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import re2
 from django.conf import settings
 
 from kinsite import netguard
@@ -28,7 +30,16 @@ INLINE_MAX_RECORDS = 10_000
 # Each record is one model call; a typo'd upstream filter must not cost 50,000 calls.
 LLM_DEFAULT_MAX_RECORDS = 200
 LLM_MAX_RECORDS_LIMIT = 5_000
+# The range OpenAI-compatible endpoints accept; outside it every call would come back a 400.
+LLM_TEMPERATURE_RANGE = (0, 2)
+# A prompt template is rendered once per record and sent as one message.
+PROMPT_MAX_CHARS = 50_000
 SMART_FILTER_SAMPLE_RECORDS = 3
+# Numbers in filter conditions: a 64-bit integer's range. Past it a value is a mistake (or a
+# probe), and an integer past a float's range (1e308) cannot be compared as a float.
+CONDITION_NUMBER_LIMIT = 2**63 - 1
+# Characters the CSV reader cannot use as a delimiter: they end rows or quote fields.
+CSV_BAD_DELIMITERS = ("\n", "\r", '"')
 
 
 class NodeError(Exception):
@@ -189,8 +200,11 @@ def _check_csv(config: dict) -> list[str]:
     errors = []
     if len(config["csv"]) > CSV_MAX_CHARS:
         errors.append(f"'csv' is {len(config['csv'])} characters; the limit is {CSV_MAX_CHARS}.")
-    if "delimiter" in config and len(config["delimiter"]) != 1:
+    delimiter = config.get("delimiter")
+    if delimiter is not None and len(delimiter) != 1:
         errors.append("'delimiter' must be one character.")
+    elif delimiter in CSV_BAD_DELIMITERS:
+        errors.append("'delimiter' cannot be a line break or a quote; use , ; | or a tab.")
     if not config["csv"].strip():
         errors.append("'csv' is empty; it needs a header row.")
     return errors
@@ -287,21 +301,47 @@ def check_conditions(conditions: Any, combine: Any = "and") -> list[str]:
             errors.append(f"{where}: op 'in' needs a list as 'value'.")
         elif op != "exists" and "value" not in condition:
             errors.append(f"{where}: op '{op}' needs a 'value'.")
+        out_of_range = _out_of_range_number(condition.get("value"))
+        if out_of_range is not None:
+            errors.append(f"{where}: the number {_shorten(repr(out_of_range), 24)} is out of range; numbers must lie "
+                          f"between -{CONDITION_NUMBER_LIMIT} and {CONDITION_NUMBER_LIMIT}.")
     if combine not in ("and", "or"):
         errors.append("'combine' must be 'and' or 'or'.")
     return errors
 
 
-def _number(value: Any) -> float | None:
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 2] + "…"
+
+
+def _out_of_range_number(value: Any) -> int | float | None:
+    """The first number in a condition's value (or its 'in' list) outside ±CONDITION_NUMBER_LIMIT."""
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, (int, float)) and not isinstance(item, bool) and abs(item) > CONDITION_NUMBER_LIMIT:
+            return item
+    return None
+
+
+def _number(value: Any) -> int | float | None:
+    """The value as a number, or None. Integers stay integers: Python compares int and float
+    exactly, whereas float() rounds past 2**53 and overflows past 1e308. NaN is no number
+    (it is neither less, equal nor greater, so it would compare "equal" to everything)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, int):
+        return value
     if isinstance(value, str):
+        text = value.strip()
         try:
-            return float(value.strip())
+            return int(text)
+        except ValueError:  # not an integer, or more digits than int() reads
+            pass
+        try:
+            value = float(text)
         except ValueError:
             return None
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
     return None
 
 
@@ -355,7 +395,7 @@ def describe_conditions(conditions: list[dict], combine: str) -> str:
 
 
 def _check_filter(config: dict) -> list[str]:
-    return check_conditions(config["conditions"], config.get("combine", "and"))
+    return check_conditions(config["conditions"], config.get("combine") or "and")
 
 
 def run_filter(ctx: RunContext, config: dict, inputs: list[list[Record]]) -> list[Record]:
@@ -368,6 +408,40 @@ def describe_filter(config: dict) -> str:
 
 
 # --- transform -----------------------------------------------------------------------------
+
+
+# Patterns come from users and run over other people's data, so they run on RE2: matching
+# takes time linear in the text, whatever the pattern (Python's re backtracks, and a pattern
+# like (a+)+$ holds a worker for hours). RE2 has no backreferences or lookaround.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a refused pattern is the user's 400, not a line in the server log
+# RE2's errors for what it leaves out on purpose, worded for the user (RE2 names the syntax
+# it refused, not the feature): (error prefix, feature).
+_RE2_UNSUPPORTED = (
+    (re.compile(r"invalid escape sequence: \\[1-9]"), "a backreference"),
+    (re.compile(r"invalid perl operator: \(\?(=|!|<=|<!)"), "lookaround"),
+    (re.compile(r"invalid perl operator: \(\?>|bad repetition operator: [*+?]\+"),
+     "an atomic group or a possessive quantifier"),
+)
+
+
+def compile_pattern(pattern: str):
+    """The pattern compiled for linear-time matching (RE2); re2.error if it cannot be."""
+    return re2.compile(pattern, options=_RE2_OPTIONS)
+
+
+def pattern_problem(pattern: str) -> str:
+    """Why `pattern` cannot be used (a sentence after the pattern), or "" when it can."""
+    try:
+        compile_pattern(pattern)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        for refused, feature in _RE2_UNSUPPORTED:
+            if refused.match(reason):
+                return (f"is not supported: it uses {feature} ({reason}); patterns run on RE2, which matches in "
+                        "linear time and so has no backreferences, lookaround or atomic groups.")
+        return f"is not a valid regular expression ({reason})."
+    return ""
 
 
 def _extractions(config: dict) -> list[dict]:
@@ -385,10 +459,9 @@ def _check_transform(config: dict) -> list[str]:
         if not isinstance(item, dict) or not all(isinstance(item.get(k), str) and item.get(k) for k in ("field", "pattern", "into")):
             errors.append(f"{where} must be an object {{field, pattern, into}} of non-empty strings.")
             continue
-        try:
-            re.compile(item["pattern"])
-        except re.error as exc:
-            errors.append(f"{where}: pattern {item['pattern']!r} is not a valid regular expression ({exc}).")
+        problem = pattern_problem(item["pattern"])
+        if problem:
+            errors.append(f"{where}: pattern {item['pattern']!r} {problem}")
     if not rename and not _extractions(config):
         errors.append("give 'rename' and/or 'extract'.")
     return errors
@@ -396,7 +469,7 @@ def _check_transform(config: dict) -> list[str]:
 
 def run_transform(ctx: RunContext, config: dict, inputs: list[list[Record]]) -> list[Record]:
     rename = config.get("rename") or {}
-    extractions = [(item, re.compile(item["pattern"])) for item in _extractions(config)]
+    extractions = [(item, compile_pattern(item["pattern"])) for item in _extractions(config)]
     out = []
     for record in _concat(inputs):
         record = {rename.get(key, key): value for key, value in record.items()}
@@ -494,10 +567,17 @@ LINEAGE_TOKEN = "_lineage"
 
 def template_errors(template: str) -> list[str]:
     leftover = TOKEN.sub("", template)
-    bad = re.findall(r"\{\{.*?\}\}|\{\{|\}\}", leftover)
-    if bad:
-        return [f"'prompt' has a malformed placeholder {bad[0]!r}; use {{{{field}}}} or {{{{_lineage}}}}."]
-    return []
+    # The first stray "{{" or "}}", shown up to its closing braces: found with str.find, since
+    # a lazy regex retried from every "{{" is quadratic in a long line of them.
+    starts = [at for at in (leftover.find("{{"), leftover.find("}}")) if at != -1]
+    if not starts:
+        return []
+    start = min(starts)
+    end = leftover.find("}}", start + 2) if leftover.startswith("{{", start) else -1
+    newline = leftover.find("\n", start)
+    bad = leftover[start: end + 2] if end != -1 and (newline == -1 or end < newline) else leftover[start: start + 2]
+    bad = _shorten(bad, 24)
+    return [f"'prompt' has a malformed placeholder {bad!r}; use {{{{field}}}} or {{{{_lineage}}}}."]
 
 
 def render_template(template: str, record: Record, lineage: Callable[[], str]) -> str:
@@ -514,20 +594,31 @@ def render_template(template: str, record: Record, lineage: Callable[[], str]) -
 
 
 def _check_inference(config: dict) -> list[str]:
+    if len(config["prompt"]) > PROMPT_MAX_CHARS:
+        return [f"'prompt' is {len(config['prompt'])} characters; the limit is {PROMPT_MAX_CHARS}."]
     errors = template_errors(config["prompt"])
     if not config["prompt"].strip():
         errors.append("'prompt' is empty.")
-    limit = config.get("max_records", LLM_DEFAULT_MAX_RECORDS)
+    limit = _max_records(config)
     if not 1 <= limit <= LLM_MAX_RECORDS_LIMIT:
         errors.append(f"'max_records' must be between 1 and {LLM_MAX_RECORDS_LIMIT}.")
+    temperature = config.get("temperature")
+    low, high = LLM_TEMPERATURE_RANGE
+    if temperature is not None and not low <= temperature <= high:
+        errors.append(f"'temperature' must be between {low} and {high}.")
     return errors
+
+
+def _max_records(config: dict) -> int:
+    limit = config.get("max_records")
+    return LLM_DEFAULT_MAX_RECORDS if limit is None else limit
 
 
 def run_inference(ctx: RunContext, config: dict, inputs: list[list[Record]]) -> list[Record]:
     from kinsite.llm.gateway import llm_chat
 
     records = _concat(inputs)
-    limit = config.get("max_records", LLM_DEFAULT_MAX_RECORDS)
+    limit = _max_records(config)
     if len(records) > limit:
         raise NodeError(
             f"{len(records)} records would mean {len(records)} model calls; this node allows {limit} "

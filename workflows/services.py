@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,11 +12,14 @@ from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerUnreachable
 
-from kinsite.errors import Conflict, InvalidInput
+from kinsite.errors import Conflict, InvalidInput, ServiceUnavailable
 from kinsite.models import Team
 from workflows.models import Edge, Node, NodeRun, Workflow, WorkflowRun
 from workflows.registry import NODE_TYPES, validate_params
+
+logger = logging.getLogger(__name__)
 
 MAX_NODES = 10_000
 DESCRIPTION_MAX_CHARS = 10_000
@@ -157,13 +161,19 @@ def document_clean(data: Any) -> WorkflowDocument:
         if source and target:
             edges.append(EdgeSpec(source, target, source_handle, target_handle, kind))
 
-    if errors:
-        raise WorkflowInvalid(errors[0] if len(errors) == 1 else f"{errors[0]} (and {len(errors) - 1} more problems)",
-                              details={"errors": errors})
-    cycle = find_cycle([n.id for n in nodes], [(e.source, e.target) for e in edges])
+    # The cycle is looked for even when there are other problems, so that one answer lists
+    # them all; edges naming a missing node are reported above and left out here.
+    node_ids = {node.id for node in nodes}
+    cycle = find_cycle([n.id for n in nodes],
+                       [(e.source, e.target) for e in edges if e.source in node_ids and e.target in node_ids])
     if cycle:
-        path = " → ".join(cycle)
-        raise WorkflowInvalid(f"The workflow has a cycle: {path}.", details={"errors": [f"cycle: {path}"], "cycle": cycle})
+        errors.append(f"cycle: {' → '.join(cycle)}")
+    if errors:
+        if cycle and len(errors) == 1:
+            message = f"The workflow has a cycle: {' → '.join(cycle)}."
+        else:
+            message = errors[0] if len(errors) == 1 else f"{errors[0]} (and {len(errors) - 1} more problems)"
+        raise WorkflowInvalid(message, details={"errors": errors, **({"cycle": cycle} if cycle else {})})
     return WorkflowDocument(name=name, description=description, nodes=nodes, edges=edges)
 
 
@@ -302,43 +312,52 @@ def workflow_export(*, workflow: Workflow) -> dict:
 # --- runs ---------------------------------------------------------------------------------------
 
 
-def workflow_run_check(*, workflow: Workflow) -> list[Node]:
-    """The workflow's nodes if it can run; WorkflowInvalid (400) naming unknown node types
-    and nodes with the wrong number of inputs."""
-    nodes = list(workflow.nodes.all())
+def workflow_run_problems(*, nodes: list[Node], data_inputs: dict[int, int]) -> list[str]:
+    """Why these nodes cannot run, every reason at once ([] when they can): unknown node
+    types, and nodes with the wrong number of data inputs (`data_inputs`: node pk → count).
+    Pure, so the dashboard disables its Run button for the same reasons the API refuses."""
     if not nodes:
-        raise WorkflowInvalid("The workflow has no nodes to run.")
+        return ["The workflow has no nodes to run."]
+    problems = []
     unknown = sorted({node.type for node in nodes if node.type not in NODE_TYPES})
     if unknown:
         names = ", ".join(f"'{n.client_id}' ({n.type})" for n in nodes if n.type in unknown)
-        raise WorkflowInvalid(
-            f"Unknown node types cannot run: {', '.join(unknown)} (nodes {names}). "
-            f"Known types: {', '.join(sorted(NODE_TYPES))}.",
-            details={"unknown_types": unknown},
-        )
-    data_inputs: dict[int, int] = defaultdict(int)
-    for target_id in workflow.edges.filter(kind=Edge.Kind.DATA).values_list("target_id", flat=True):
-        data_inputs[target_id] += 1
-    problems = []
+        problems.append(f"Unknown node types cannot run: {', '.join(unknown)} (nodes {names}). "
+                        f"Known types: {', '.join(sorted(NODE_TYPES))}.")
     for node in nodes:
-        node_type, count = NODE_TYPES[node.type], data_inputs[node.pk]
+        node_type, count = NODE_TYPES.get(node.type), data_inputs.get(node.pk, 0)
+        if node_type is None:
+            continue
         if node_type.max_inputs == 0 and count:
             problems.append(f"node '{node.client_id}' ({node.type}) is a source and takes no inputs, but has {count}.")
         elif count < node_type.min_inputs or (node_type.max_inputs is not None and count > node_type.max_inputs):
             wanted = (f"exactly {node_type.min_inputs}" if node_type.min_inputs == node_type.max_inputs
                       else f"at least {node_type.min_inputs}")
             problems.append(f"node '{node.client_id}' ({node.type}) needs {wanted} data inputs, has {count}.")
+    return problems
+
+
+def workflow_run_check(*, workflow: Workflow) -> list[Node]:
+    """The workflow's nodes if it can run; WorkflowInvalid (400) naming unknown node types
+    and nodes with the wrong number of inputs."""
+    nodes = list(workflow.nodes.all())
+    data_inputs: dict[int, int] = defaultdict(int)
+    for target_id in workflow.edges.filter(kind=Edge.Kind.DATA).values_list("target_id", flat=True):
+        data_inputs[target_id] += 1
+    problems = workflow_run_problems(nodes=nodes, data_inputs=data_inputs)
     if problems:
-        raise WorkflowInvalid(" ".join(problems), details={"errors": problems})
+        unknown = sorted({node.type for node in nodes if node.type not in NODE_TYPES})
+        raise WorkflowInvalid(" ".join(problems),
+                              details={"errors": problems, **({"unknown_types": unknown} if unknown else {})})
     return nodes
 
 
 @transaction.atomic
 def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
     """Checks the workflow can run, creates the run and one NodeRun per node (by wave), and
-    enqueues wave 0 after commit (eager Celery: the whole run happens then)."""
-    from workflows.tasks import run_wave_task
-
+    enqueues wave 0 after commit (eager Celery: the whole run happens then). With the broker
+    (Redis) down it raises ServiceUnavailable (503) after undoing the run, so nothing stored
+    blocks the next request."""
     workflow = Workflow.objects.select_for_update().get(pk=workflow.pk)
     nodes = workflow_run_check(workflow=workflow)
     active = WorkflowRun.objects.filter(
@@ -356,5 +375,41 @@ def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
         [NodeRun(run=run, node=node, wave=waves[node.client_id]) for node in nodes], batch_size=500
     )
     Node.objects.filter(workflow=workflow).update(status=Node.Status.PENDING)
-    transaction.on_commit(lambda: run_wave_task.delay(run.pk, 0))
+    statuses_before = {node.pk: node.status for node in nodes}
+    transaction.on_commit(lambda: _run_enqueue(run, statuses_before))
     return run
+
+
+def _run_enqueue(run: WorkflowRun, statuses_before: dict[int, str]) -> None:
+    """Send the run's first wave. When the broker does not take it, the run is removed again
+    rather than kept pending: a pending run blocks the workflow (409) until it is an hour
+    old, and a run is cheap to request again, unlike a chat message to type again."""
+    from workflows.tasks import run_wave_task
+
+    try:
+        run_wave_task.delay(run.pk, 0)
+    except BrokerUnreachable as exc:
+        logger.warning("Run %s of workflow %s is not started, the broker is unreachable: %s",
+                       run.pk, run.workflow_id, exc)
+        _run_discard(run=run, statuses_before=statuses_before)
+        raise ServiceUnavailable(
+            "The task queue (Redis) is unreachable, so the run was not started and nothing was stored. "
+            "Request the run again shortly.",
+            details={"service": "redis", "stored": False, "workflow": run.workflow_id},
+        ) from exc
+
+
+@transaction.atomic
+def _run_discard(*, run: WorkflowRun, statuses_before: dict[int, str]) -> None:
+    """Undo a run whose first wave never reached the broker: delete it (its NodeRuns go with
+    it) and give its nodes back the statuses they had. Only while it is pending: should the
+    broker have taken the task after all, a worker that started it keeps it, and one that
+    comes later finds no run and does nothing."""
+    deleted, _ = WorkflowRun.objects.filter(pk=run.pk, status=WorkflowRun.Status.PENDING).delete()
+    if not deleted:
+        return
+    by_status: dict[str, list[int]] = defaultdict(list)
+    for node_pk, status in statuses_before.items():
+        by_status[status].append(node_pk)
+    for status, node_pks in by_status.items():
+        Node.objects.filter(pk__in=node_pks, status=Node.Status.PENDING).update(status=status)

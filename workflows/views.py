@@ -22,7 +22,7 @@ from workflows.api.serializers import LINEAGE_MAX_CHARS_LIMIT
 from workflows import executor
 from workflows.executor import node_lineage
 from workflows.layout import layout_graph
-from workflows.models import Node, Workflow, WorkflowRun
+from workflows.models import Edge, Node, Workflow, WorkflowRun
 
 # Past this many nodes the drawing is unreadable and heavy; the table still lists them all.
 MAX_DRAWN_NODES = 400
@@ -63,6 +63,10 @@ def _detail_context(workflow: Workflow) -> dict:
         # Two nodes joined by a data and a control edge draw one line: the data one.
         if kinds.get((source, target)) != "data":
             kinds[(source, target)] = kind
+    data_inputs: dict[int, int] = {}
+    for _, target, kind in edge_rows:
+        if kind == Edge.Kind.DATA:
+            data_inputs[target] = data_inputs.get(target, 0) + 1
     drawn = len(nodes) <= MAX_DRAWN_NODES
     layout = layout_graph([node.client_id for node in nodes], pairs) if drawn and nodes else None
     by_id = {node.client_id: node for node in nodes}
@@ -80,6 +84,8 @@ def _detail_context(workflow: Workflow) -> dict:
         "max_drawn_nodes": MAX_DRAWN_NODES,
         "last_run": selectors.workflow_last_run(workflow=workflow),
         "active_statuses": ACTIVE_RUN_STATUSES,
+        # The reasons the run service would refuse (400): the Run button is disabled and says why.
+        "run_blockers": services.workflow_run_problems(nodes=nodes, data_inputs=data_inputs),
     }
 
 

@@ -1,8 +1,8 @@
 """Per-token rate limits for the endpoints that call a model or start a job (SPEC §13).
 
 A view opts in with `throttle_classes = [TokenRateThrottle]` and `throttle_scope = "chat"`
-(or "jobs"); the scope's rate is `settings.API_THROTTLE_RATES[scope]` (API_RATE_CHAT,
-API_RATE_JOBS). The bucket is the API token, not the IP or the user: one script with
+(or "jobs", "workflow_runs"); the scope's rate is `settings.API_THROTTLE_RATES[scope]`
+(API_RATE_CHAT, API_RATE_JOBS, API_RATE_WORKFLOW_RUNS). The bucket is the API token, not the IP or the user: one script with
 one token gets its own allowance, and two tokens of a team do not share one.
 
 When the cache (Redis) is unreachable the limit fails open: the request goes on, since

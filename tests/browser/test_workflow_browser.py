@@ -55,3 +55,24 @@ def test_run_a_workflow_and_inspect_the_last_node(logged_in_page, browser_team):
     page.wait_for_url("**max_chars=500**")
     expect(page.locator("#max-chars")).to_have_value("500")
     page.screenshot(path=INSPECTOR_SCREENSHOT_PATH, full_page=True)
+
+
+def test_a_workflow_with_an_unknown_node_type_has_a_disabled_run_button_saying_why(logged_in_page, browser_team):
+    page = logged_in_page
+    document = services.document_clean({
+        "name": "Pivoted",
+        "nodes": [
+            {"id": "people", "type": "inline_records", "label": "People", "config": {"records": PEOPLE}},
+            {"id": "pivot", "type": "pivot_table", "label": "Pivot", "config": {"by": "age"}},
+        ],
+        "edges": [{"source": "people", "target": "pivot"}],
+    })
+    services.workflow_create(team=browser_team, document=document)
+
+    page.click("nav >> text=Workflows")
+    page.click("text=Pivoted")
+
+    run = page.locator("#run-workflow")
+    expect(run).to_be_disabled()
+    expect(page.locator("#run-blocked")).to_contain_text("Unknown node types cannot run: pivot_table")
+    expect(run).to_have_attribute("aria-describedby", "run-blocked")

@@ -125,6 +125,6 @@ def test_empty_rate_means_no_limit(api_client, chat_session, settings):
 def test_default_rates_come_from_settings():
     from django.conf import settings
 
-    assert set(settings.API_THROTTLE_RATES) == {"chat", "jobs"}
+    assert set(settings.API_THROTTLE_RATES) == {"chat", "jobs", "workflow_runs"}
     for rate in settings.API_THROTTLE_RATES.values():
         TokenRateThrottle().parse_rate(rate)  # a valid "N/period"

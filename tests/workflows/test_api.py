@@ -218,3 +218,102 @@ def test_lineage_bad_query_answers_400(api_client, workflow_id, query):
 
 def test_lineage_of_an_unknown_node_answers_404(api_client, workflow_id):
     assert_api_error(api_client.get(f"{API}{workflow_id}/nodes/ghost/lineage/"), 404, code="not_found")
+
+
+# --- issue 14: untrusted patterns and numbers, all problems at once, rate limit ----------------
+
+
+def test_a_pattern_re2_cannot_run_is_refused_naming_the_node(api_client):
+    document = copy.deepcopy(DOCUMENT)
+    document["nodes"].append({"id": "doubles", "type": "transform", "label": "Doubled words",
+                              "config": {"extract": {"field": "name", "pattern": r"(\w)\1", "into": "double"}}})
+    document["edges"].append({"source": "unique", "target": "doubles"})
+
+    error = assert_api_error(_post(api_client, document), 400, code="invalid_workflow")
+
+    assert error["details"]["errors"] == [
+        "node 'doubles' (transform): extract 1: pattern '(\\\\w)\\\\1' is not supported: it uses a backreference "
+        "(invalid escape sequence: \\1); patterns run on RE2, which matches in linear time and so has no "
+        "backreferences, lookaround or atomic groups."
+    ]
+    assert not Workflow.objects.exists()
+
+
+def test_a_catastrophic_pattern_runs_at_once(api_client, django_capture_on_commit_callbacks):
+    document = {
+        "name": "Evil pattern",
+        "nodes": [
+            {"id": "text", "type": "inline_records", "config": {"records": [{"s": "a" * 40 + "!"}, {"s": "xaa"}]}},
+            {"id": "tail", "type": "transform", "config": {"extract": {"field": "s", "pattern": "(a+)+$", "into": "t"}}},
+        ],
+        "edges": [{"source": "text", "target": "tail"}],
+    }
+    workflow_id = _post(api_client, document).json()["id"]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        run = api_client.post(f"{API}{workflow_id}/run/")
+
+    assert run.status_code == 202, run.content
+    exported = api_client.get(f"{API}{workflow_id}/").json()
+    assert exported["last_run"]["status"] == "done", exported["last_run"]
+    node = Node.objects.get(workflow_id=workflow_id, client_id="tail")
+    assert node.results.get(version=node.results_version).records == [{"s": "a" * 40 + "!", "t": None},
+                                                                      {"s": "xaa", "t": "aa"}]
+
+
+def test_a_number_out_of_range_is_refused_at_save_and_huge_record_values_still_filter(
+    api_client, django_capture_on_commit_callbacks
+):
+    document = copy.deepcopy(DOCUMENT)
+    document["nodes"][1]["config"]["conditions"][0]["value"] = 10**400
+
+    error = assert_api_error(_post(api_client, document), 400, code="invalid_workflow")
+
+    assert error["details"]["errors"] == [
+        "node 'adults' (filter): condition 1: the number 1000000000000000000000… is out of range; numbers must "
+        "lie between -9223372036854775807 and 9223372036854775807."
+    ]
+    assert not Workflow.objects.exists()
+
+    # Records are data, not settings: a huge integer in them filters like any number.
+    document = copy.deepcopy(DOCUMENT)
+    document["nodes"][0]["config"]["records"].append({"name": "Old", "age": 10**400})
+    workflow_id = _post(api_client, document).json()["id"]
+    with django_capture_on_commit_callbacks(execute=True):
+        api_client.post(f"{API}{workflow_id}/run/")
+    run = api_client.get(f"{API}{workflow_id}/").json()["last_run"]
+    assert run["status"] == "done", run
+    assert [nr["records_out"] for nr in run["node_runs"]] == [4, 3, 2]
+
+
+def test_every_problem_is_reported_at_once_the_cycle_included(api_client):
+    document = copy.deepcopy(DOCUMENT)
+    document["nodes"][2]["config"] = {}
+    document["edges"].append({"source": "unique", "target": "people"})
+
+    error = assert_api_error(_post(api_client, document), 400, code="invalid_workflow")
+
+    assert error["details"]["errors"] == [
+        "node 'unique' (deduplicate): parameter 'fields' is required (the field or fields that identify a duplicate).",
+        "cycle: people → adults → unique → people",
+    ]
+    assert error["details"]["cycle"] == ["people", "adults", "unique", "people"]
+    assert error["message"] == (
+        "node 'unique' (deduplicate): parameter 'fields' is required (the field or fields that identify a "
+        "duplicate). (and 1 more problems)"
+    )
+
+
+def test_runs_are_rate_limited_per_token(api_client, workflow_id, settings, django_capture_on_commit_callbacks):
+    settings.API_THROTTLE_RATES = {**settings.API_THROTTLE_RATES, "workflow_runs": "2/min"}
+
+    answers = []
+    for _ in range(3):
+        with django_capture_on_commit_callbacks(execute=True):  # each run finishes (eager) before the next
+            answers.append(api_client.post(f"{API}{workflow_id}/run/"))
+
+    assert [answer.status_code for answer in answers[:2]] == [202, 202]
+    error = assert_api_error(answers[2], 429, code="throttled")
+    assert "workflow_runs" in error["message"] and "2/min" in error["message"]
+    assert int(answers[2]["Retry-After"]) > 0
+    assert api_client.get(f"{API}{workflow_id}/").status_code == 200  # reads are not counted

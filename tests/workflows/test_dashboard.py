@@ -120,6 +120,25 @@ def test_run_with_unknown_types_shows_the_400_message(logged_in, team):
     assert logged_in.get(reverse("dashboard:workflow_run", args=[workflow.pk])).status_code == 405
 
 
+def test_a_workflow_that_cannot_run_shows_a_disabled_run_button_and_why(logged_in, team):
+    document = {
+        **DOCUMENT,
+        "nodes": [*DOCUMENT["nodes"][:2], {"id": "table", "type": "mystery"}, {"id": "lonely", "type": "filter",
+                  "config": {"conditions": [{"field": "age", "op": "gt", "value": 1}]}}],
+    }
+    workflow = _create(team, document)
+
+    body = logged_in.get(reverse("dashboard:workflow_detail", args=[workflow.pk])).content.decode()
+
+    assert '<button type="submit" id="run-workflow" disabled aria-describedby="run-blocked">Run</button>' in body
+    assert "Unknown node types cannot run: mystery (nodes &#x27;table&#x27; (mystery))." in body
+    assert "node &#x27;lonely&#x27; (filter) needs at least 1 data inputs, has 0." in body
+    # A workflow that can run keeps an active button and no such notice.
+    runnable = logged_in.get(reverse("dashboard:workflow_detail", args=[_create(team).pk])).content.decode()
+    assert '<button type="submit" id="run-workflow">Run</button>' in runnable
+    assert 'id="run-blocked"' not in runnable
+
+
 def test_other_teams_workflows_and_nodes_are_404(logged_in, team, other_team):
     theirs = _create(other_team)
     ours = _create(team)

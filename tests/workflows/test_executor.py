@@ -191,3 +191,69 @@ def test_run_of_unknown_node_types_is_refused(team):
     with pytest.raises(services.WorkflowInvalid, match="pivot_table"):
         services.workflow_run_start(workflow=workflow)
     assert not WorkflowRun.objects.exists()
+
+
+# PostgreSQL's jsonb keeps an object's keys shorter first, then in byte order; written in that
+# order, a config reads back the same on both databases (the narrative shows its parameters).
+JSONB_PEOPLE = [{"id": p["id"], "age": p["age"], "name": p["name"], "email": p["email"]} for p in PEOPLE[:3]]
+
+
+def test_lineage_in_the_prompt_is_what_fed_the_node_not_the_node_itself(
+    team, fake_llm, fake_llm_gateway, django_capture_on_commit_callbacks
+):
+    fake_llm.reply("noted")
+    fake_llm.reply("noted")
+    workflow = _create(team, {
+        "name": "Notes",
+        "nodes": [
+            {"id": "people", "type": "inline_records", "label": "People", "config": {"records": JSONB_PEOPLE}},
+            {"id": "adults", "type": "filter", "label": "Adults",
+             "config": {"conditions": [{"op": "gte", "field": "age", "value": 18}]}},
+            {"id": "notes", "type": "llm_inference", "label": "Notes",
+             "config": {"prompt": "Note on {{name}}. Lineage:\n{{_lineage}}"}},
+        ],
+        "edges": [{"source": "people", "target": "adults"}, {"source": "adults", "target": "notes"}],
+    })
+
+    run = _run(workflow, django_capture_on_commit_callbacks)
+
+    assert run.status == WorkflowRun.Status.DONE, run.error
+    prompts = [body["messages"][-1]["content"] for body in fake_llm.requests_to("chat")]
+    records = '[{"id": 1, "age": 36, "name": "Ada", "email": "ada@example.…'
+    assert prompts == [
+        f"Note on {name}. Lineage:\n"
+        f"1. Provides 3 inline records with fields id, age, name, email (3 records out). Parameters: records={records}.\n"
+        '2. Keeps records where age ≥ 18 (3 records in, 2 out). Parameters: conditions=[{"op": "gte", "field": '
+        '"age", "value": 18}].'
+        for name in ("Ada", "Cy")
+    ]
+
+
+def test_lineage_in_the_prompt_of_a_node_fed_by_two_inputs_shows_both_branches_only(
+    team, fake_llm, fake_llm_gateway, django_capture_on_commit_callbacks
+):
+    for _ in range(4):
+        fake_llm.reply("noted")
+    workflow = _create(team, {
+        "name": "Two feeds",
+        "nodes": [
+            {"id": "people", "type": "inline_records", "label": "People", "config": {"records": JSONB_PEOPLE[:2]}},
+            {"id": "orders", "type": "inline_records", "label": "Orders", "config": {"records": ORDERS[:2]}},
+            {"id": "notes", "type": "llm_inference", "label": "Notes", "config": {"prompt": "{{_lineage}}"}},
+        ],
+        "edges": [{"source": "people", "target": "notes"}, {"source": "orders", "target": "notes"}],
+    })
+
+    run = _run(workflow, django_capture_on_commit_callbacks)
+
+    assert run.status == WorkflowRun.Status.DONE, run.error
+    narrative = NodeRun.objects.get(run=run, node__client_id="notes").lineage_narrative
+    assert narrative == (
+        "Branch A:\n"
+        "1. Provides 2 inline records with fields id, age, name, email (2 records out). Parameters: "
+        'records=[{"id": 1, "age": 36, "name": "Ada", "email": "ada@example.….\n'
+        "Branch B:\n"
+        '1. Provides 2 inline records with fields id, total (2 records out). Parameters: records=[{"id": 1, '
+        '"total": 120}, {"id": 3, "total": 40}].'
+    )
+    assert {body["messages"][-1]["content"] for body in fake_llm.requests_to("chat")} == {narrative}

@@ -10,6 +10,7 @@ from workflows.lineage import (
     NodeInfo,
     collect_lineage,
     lineage_to_narrative,
+    lineage_upstream,
 )
 
 SENTENCES = {
@@ -285,3 +286,64 @@ def test_many_causes_are_counted_not_listed():
     assert warning.endswith(" more.")
     assert len(warning) <= 1000
     assert len(text) <= 2000
+
+
+# --- what fed a node ({{_lineage}}) ---------------------------------------------------------------
+
+
+def narrate_upstream(nodes, edges, node_id, max_chars=2000):
+    g = GraphInfo(nodes=nodes, edges=[EdgeInfo(*e.split(">")) for e in edges])
+    return lineage_to_narrative(lineage_upstream(collect_lineage(g, node_id, describe=describe, check_self=False)),
+                                max_chars)
+
+
+def test_upstream_of_a_chain_ends_with_the_step_that_fed_the_node():
+    never_ran = {"greet": {"results_version": 0, "config_fingerprint": "", "records_in": None, "records_out": None}}
+    assert narrate_upstream(chain_nodes(**never_ran), CHAIN_EDGES, "greet") == (
+        "1. Loads people.csv (120 records out). Parameters: file=people.csv.\n"
+        "2. Keeps records where age >= 18 (120 records in, 87 out). Parameters: field=age; op=>=; value=18."
+    )
+
+
+def test_upstream_of_a_node_with_two_inputs_is_two_branches_without_a_then():
+    nodes = [
+        node("people", "csv", None, 120),
+        node("adults", "filter", 120, 87),
+        node("renamed", "rename", 87, 87),
+        node("orders", "http", None, 40),
+        node("greet", "llm", None, None, results_version=0, config_fingerprint=""),
+    ]
+    edges = ["people>adults", "adults>renamed", "renamed>greet", "orders>greet"]
+
+    assert narrate_upstream(nodes, edges, "greet") == (
+        "Branch A:\n"
+        "1. Loads people.csv (120 records out).\n"
+        "2. Keeps records where age >= 18 (120 records in, 87 out).\n"
+        "3. Renames mail to email (87 records in, 87 out).\n"
+        "Branch B:\n"
+        "1. Fetches orders from https://shop.example/api (40 records out)."
+    )
+    # Over budget each input keeps its last step; the earlier ones fold from the sources down.
+    assert narrate_upstream(nodes, edges, "greet", max_chars=170) == (
+        "Branch A:\n"
+        "1–2. 2 further steps.\n"
+        "3. Renames mail to email (87 records in, 87 out).\n"
+        "Branch B:\n"
+        "1. Fetches orders from https://shop.example/api (40 records out)."
+    )
+
+
+def test_upstream_is_stale_only_for_the_inputs():
+    changed = {"adults": {"current_fingerprint": "other"}}
+    text = narrate_upstream(chain_nodes(**changed), CHAIN_EDGES, "greet")
+    assert text.startswith(f"{STALE_WARNING}: adults has changed settings since its last run.\n1. Loads people.csv")
+    assert "Asks the model" not in text
+
+
+def test_upstream_leaves_out_the_nodes_own_staleness():
+    changed = {"adults": {"current_fingerprint": "other"}, "greet": {"results_version": 0, "config_fingerprint": ""}}
+    g = GraphInfo(nodes=chain_nodes(**changed), edges=[EdgeInfo(*e.split(">")) for e in CHAIN_EDGES])
+    upstream = lineage_upstream(collect_lineage(g, "greet", describe=describe))  # check_self: greet never ran
+
+    assert upstream.stale_reasons == ["adults has changed settings since its last run"]
+    assert [entry.id for entry in upstream.entries] == ["people", "adults"]

@@ -266,3 +266,94 @@ def test_llm_smart_filter_fails_on_unusable_conditions():
 def test_bad_params_are_named(node_type, config, message):
     errors = validate_params(NODE_TYPES[node_type], config)
     assert any(message in error for error in errors), errors
+
+
+# --- untrusted patterns and numbers (issue 14) --------------------------------------------------
+
+
+def test_transform_extract_runs_a_catastrophic_pattern_in_linear_time():
+    # With a backtracking engine (Python's re) this search tries about 2**40 ways to split the
+    # a's before giving up: hours of one worker. A linear-time engine answers at once.
+    config = {"extract": {"field": "text", "pattern": r"(a+)+$", "into": "tail"}}
+
+    records = run("transform", config, [{"text": "a" * 40 + "!"}, {"text": "baaa"}])
+
+    assert [record["tail"] for record in records] == [None, "aaa"]
+
+
+@pytest.mark.parametrize(
+    "pattern, problem",
+    [
+        (r"(\w+) \1", "backreference"),
+        (r"price(?= EUR)", "lookaround"),
+        (r"(?<!not )sure", "lookaround"),
+    ],
+)
+def test_transform_refuses_patterns_a_linear_time_engine_cannot_run(pattern, problem):
+    errors = validate_params(NODE_TYPES["transform"], {"extract": {"field": "a", "pattern": pattern, "into": "b"}})
+
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"extract 1: pattern {pattern!r} is not supported"), errors
+    assert problem in errors[0]
+
+
+def test_llm_prompt_placeholder_check_is_linear_and_the_prompt_is_bounded():
+    # A backtracking scan for "{{…}}" retried from every "{{" is quadratic on a long line.
+    prompt = "{{" * 5_000 + "x"
+    errors = validate_params(NODE_TYPES["llm_inference"], {"prompt": prompt})
+    assert errors == ["'prompt' has a malformed placeholder '{{'; use {{field}} or {{_lineage}}."]
+    too_long = validate_params(NODE_TYPES["llm_inference"], {"prompt": "x" * (registry.PROMPT_MAX_CHARS + 1)})
+    assert too_long == [f"'prompt' is {registry.PROMPT_MAX_CHARS + 1} characters; the limit is "
+                        f"{registry.PROMPT_MAX_CHARS}."]
+
+
+def test_filter_compares_huge_integers_and_odd_number_text_without_overflow():
+    records = [
+        {"id": 1, "n": 10**400},  # inline records may hold any JSON integer
+        {"id": 2, "n": "9007199254740993"},  # 2**53 + 1: exact, not rounded through a float
+        {"id": 3, "n": "nan"},  # not a number: compared as text, never "equal" to everything
+        {"id": 4, "n": "5"},
+        {"id": 5, "n": "1" + "0" * 5000},  # past int()'s digit limit: read as a float (inf)
+    ]
+
+    def ids(op, value):
+        return [r["id"] for r in run("filter", {"conditions": [{"field": "n", "op": op, "value": value}]}, records)]
+
+    assert ids("gt", 10) == [1, 2, 3, 5]
+    assert ids("eq", 9007199254740992) == []
+    assert ids("eq", 9007199254740993) == [2]
+    assert ids("lte", 5) == [4]
+    assert ids("ne", 5) == [1, 2, 3, 5]
+
+
+@pytest.mark.parametrize(
+    "node_type, config, message",
+    [
+        ("filter", {"conditions": [{"field": "n", "op": "gt", "value": 10**400}]},
+         "condition 1: the number 1000000000000000000000…"),
+        ("filter", {"conditions": [{"field": "n", "op": "in", "value": [1, -(10**30)]}]},
+         "condition 1: the number -100000000000000000000…"),
+        ("filter", {"conditions": [{"field": "n", "op": "lt", "value": 1e300}]}, "condition 1: the number 1e+300"),
+        ("llm_inference", {"prompt": "x", "temperature": 1e300}, "'temperature' must be between 0 and 2"),
+        ("llm_inference", {"prompt": "x", "temperature": -1}, "'temperature' must be between 0 and 2"),
+        ("llm_inference", {"prompt": "x", "max_records": 10**400}, "'max_records' must be between 1 and 5000"),
+        ("csv_upload", {"csv": "a,b\n1,2", "delimiter": "\n"}, "'delimiter' cannot be a line break or a quote"),
+        ("csv_upload", {"csv": "a,b\n1,2", "delimiter": '"'}, "'delimiter' cannot be a line break or a quote"),
+    ],
+)
+def test_absurd_numbers_and_delimiters_are_named(node_type, config, message):
+    errors = validate_params(NODE_TYPES[node_type], config)
+    assert any(message in error for error in errors), errors
+
+
+@pytest.mark.parametrize(
+    "node_type, config",
+    [
+        ("llm_inference", {"prompt": "x", "max_records": None, "temperature": None}),
+        ("csv_upload", {"csv": "a,b\n1,2", "delimiter": None}),
+        ("filter", {"conditions": [{"field": "n", "op": "eq", "value": 1}], "combine": None}),
+        ("filter", {"conditions": [{"field": "n", "op": "lt", "value": 9_007_199_254_740_993}]}),
+    ],
+)
+def test_null_optional_params_mean_their_default(node_type, config):
+    assert validate_params(NODE_TYPES[node_type], config) == []

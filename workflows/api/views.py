@@ -13,6 +13,7 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from kinsite.api.auth import request_team
+from kinsite.api.throttles import TokenRateThrottle
 from workflows import selectors, services
 from workflows.api.serializers import (
     LineageQuerySerializer,
@@ -77,6 +78,10 @@ class WorkflowDetailView(APIView):
 
 
 class WorkflowRunView(APIView):
+    # A run may make a model call per record of each LLM node: limited per token like chat posts.
+    throttle_classes = [TokenRateThrottle]
+    throttle_scope = "workflow_runs"
+
     @extend_schema(
         request=None,
         responses={
