@@ -7,6 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from kinsite.llm.providers import ScriptedProvider, provider_override
+from workflows import registry
 from workflows.registry import NODE_TYPES, NodeError, RunContext, describe, validate_params
 
 PEOPLE = [
