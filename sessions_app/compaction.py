@@ -273,9 +273,11 @@ def session_compact(*, session: Session) -> Summary | None:
             logger.info("Compaction of session %s skipped: another run holds it.", session.pk)
             return None
         with transaction.atomic():
-            # Imports hold this row lock while they write (messages_import), so this read sees
-            # an import whole or not at all, and an import it missed gets newer ids than any
-            # it saw: nothing is taken as summarised (seen_through_id) without having been read.
+            # A transaction writing events to the session holds a key-share lock on its row (the
+            # foreign key) until it commits, which this lock waits for (PostgreSQL; SQLite has one
+            # writer at a time). So the read below sees every event written so far, and one written
+            # later gets a newer id than all it saw: no event is taken as summarised (seen_through_id)
+            # without having been read, whatever the import or turn running meanwhile.
             Session.objects.select_for_update().filter(pk=session.pk).values_list("pk").first()
             previous = latest_summary(session)
             late = list(late_events(session=session, summary=previous))

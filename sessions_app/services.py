@@ -95,9 +95,6 @@ def messages_import(*, session: Session, items: list[ImportItem]) -> ImportResul
     (or repeated within the batch) is skipped, so re-importing changes nothing. Messages
     dated before the compaction boundary are folded into the summary by a compaction
     scheduled after commit (until then the prompt counts them as neither visible nor summarised)."""
-    # Compaction reads a session under this row lock (session_compact), so it sees this
-    # import whole or, having missed it, never takes these messages as summarised.
-    Session.objects.select_for_update().filter(pk=session.pk).values_list("pk").first()
     wanted_ids = {item.external_id for item in items if item.external_id}
     seen = set(
         Event.objects.filter(session=session, external_id__in=wanted_ids).values_list("external_id", flat=True)
