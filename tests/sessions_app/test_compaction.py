@@ -3,10 +3,12 @@ covering all but the newest keep window; the newest summary is the boundary the 
 prompt reads; a second compaction merges the first. Token counts are real tiktoken."""
 import json
 import re
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.cache import cache
+from django.db import connection, transaction
 
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMError, LLMHTTPError
@@ -348,6 +350,57 @@ def test_import_into_summarised_time_schedules_a_fold_that_keeps_the_boundary(
     with django_capture_on_commit_callbacks(execute=True):
         messages_import(session=session, items=[ImportItem(content="Later note.", created_at=at(200))])
     assert latest_summary(session) == second and len(llm.calls) == 2
+
+
+@pytest.mark.postgres
+def test_compaction_running_during_an_import_never_takes_its_messages_as_summarised(transactional_db, chat_session,
+                                                                                       llm):
+    # The race: an import has written (ids taken) but not committed when a newer message
+    # commits and compaction reads. Without waiting for the import, compaction would record
+    # the newer message's id as read, and the import's older ids would pass for summarised.
+    session = chat_session
+    session.kin.history_token_budget = BUDGET
+    session.kin.save()
+    chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY, SECOND_SUMMARY)
+    first = session_compact(session=session)
+    written, finish = threading.Event(), threading.Event()
+
+    def import_slowly():
+        try:
+            with transaction.atomic():
+                import_late(session, 3.5)
+                written.set()
+                finish.wait(10)
+        finally:
+            connection.close()
+
+    importer = threading.Thread(target=import_slowly)
+    importer.start()
+    assert written.wait(10)
+    chatter(session, 100, 16)  # committed, with ids newer than the import's; over the trigger
+    result = {}
+
+    def compact():
+        try:
+            result["summary"] = session_compact(session=session)
+        finally:
+            connection.close()
+
+    compactor = threading.Thread(target=compact)
+    compactor.start()
+    compactor.join(0.5)
+    assert compactor.is_alive()  # waiting for the import to commit
+    finish.set()
+    importer.join(10)
+    compactor.join(10)
+
+    second = result["summary"]
+    assert second.previous == first
+    assert f"Tom: {LATE_TEXT}" in sent_prompt(llm)
+    assert list(late_events(session=session, summary=second)) == []
+    counts = conversation_counts(session)
+    assert counts["visible"] + counts["summarised"] == counts["total"] and counts["unfolded"] == 0
 
 
 def test_kin_template_override_is_the_prompt_the_model_receives(session, llm, other_team):
