@@ -45,7 +45,7 @@ COMPACTION_DEFAULT = """\
 Summarise the conversation below between people and the agent {kin_name}.
 
 Transcript: {first_at} to {last_at}, {message_count} messages.
-Covered by the summary you write: {covered_first_at} to {last_at}, {covered_message_count} messages.
+Covered by the summary you write: {covered_first_at} to {covered_last_at}, {covered_message_count} messages.
 
 {previous_block}<transcript>
 {transcript}
@@ -182,6 +182,8 @@ KINDS: dict[str, TemplateKind] = {
             "last_at": "ISO time of the last message in the transcript",
             "message_count": "number of messages in the transcript",
             "covered_first_at": "ISO time the new summary starts at (the previous summary's start when merging)",
+            "covered_last_at": "ISO time the new summary ends at (last_at, or the previous summary's end when "
+                               "only messages imported into its time are folded in)",
             "covered_message_count": "messages the new summary covers (transcript plus previous summary)",
             "previous_block": "the previous summary with merge instructions; empty on a session's first compaction",
             "transcript": "the messages to summarise, one line each: [time] sender: content (tool calls compactly)",
@@ -193,6 +195,7 @@ KINDS: dict[str, TemplateKind] = {
             "last_at": "2026-03-02T09:42:00+00:00",
             "message_count": 2,
             "covered_first_at": "2026-03-02T09:00:00+00:00",
+            "covered_last_at": "2026-03-02T09:42:00+00:00",
             "covered_message_count": 2,
             "previous_block": "",
             "transcript": (

@@ -271,5 +271,12 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}},
+    "loggers": {
+        "httpx": {"level": "WARNING"},
+        # Django's own default config gives "django" a console handler of its own (shown
+        # when DEBUG is on); with the root's console that printed every django.* record
+        # twice. The root handler alone prints them. (Its mail_admins handler goes too:
+        # ADMINS is not set, so it never sent anything.)
+        "django": {"handlers": [], "propagate": True},
+    },
 }

@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 import re
 import struct
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
-from kinsite.textsearch import query_terms
+from kinsite.textsearch import STOP_WORDS
 
 # --- constants (why each value) ---------------------------------------------------------------
 
@@ -86,10 +87,45 @@ def stem(word: str) -> str:
     return word
 
 
+def _tokens(text: str) -> list[str]:
+    """The words of `text` in any script and its symbols, lowercase. A word is a run of
+    letters, digits and the marks that combine with them, so a decomposed "é" or Hindi "हाँ"
+    stays one word rather than falling apart into single letters. Every other visible
+    character that is not punctuation (✅, €, an unassigned or private-use code point) is a
+    token of its own. Punctuation, spaces, controls and invisible format characters only
+    separate. Unlike kinsite.textsearch.query_terms (what the indexes are asked), nothing
+    is capped: two long texts differing after their 64th word are still told apart."""
+    tokens: list[str] = []
+    word: list[str] = []
+    for char in unicodedata.normalize("NFKC", text).casefold():
+        category = unicodedata.category(char)
+        if char.isalnum() or char == "_" or (category[0] == "M" and word):
+            word.append(char)
+            continue
+        if word:
+            tokens.append("".join(word))
+            word = []
+        if category[0] not in "PZM" and category not in ("Cc", "Cf"):
+            tokens.append(char)
+    if word:
+        tokens.append("".join(word))
+    return tokens
+
+
 def term_set(text: str) -> frozenset[str]:
-    """The stemmed, stop-word-free terms of `text`. Single letters ("Maria's" splits into
-    "maria" and "s") carry no meaning and are dropped; single digits do ("host 1" vs "host 2")."""
-    return frozenset(stem(term) for term in query_terms(text) if len(term) > 1 or term.isdigit())
+    """The stemmed, stop-word-free terms of `text`: its words in any script, numbers and
+    symbols (see _tokens). Single ASCII letters ("Maria's" splits into "maria" and "s")
+    carry no meaning and are dropped; single digits and letters of other scripts do not
+    ("host 1" vs "host 2")."""
+    return frozenset(
+        stem(token) for token in _tokens(text)
+        if token not in STOP_WORDS and token.strip("_")
+        and not (len(token) == 1 and token.isascii() and token.isalpha())
+    )
+
+
+def _numbers(terms: frozenset[str]) -> frozenset[str]:
+    return frozenset(term for term in terms if any(char.isdigit() for char in term))
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
@@ -132,8 +168,13 @@ def is_duplicate(
     old_subject: str,
     vector_similarity: float | None = None,
 ) -> bool:
-    """Same meaning: two set subjects that differ rule it out; then either rule suffices."""
+    """Same meaning: two set subjects that differ rule it out, and so do two different sets
+    of numbers ("at 3pm" / "at 5pm": one changed term of many passes the word rule, and
+    embedders barely see digits); then either rule suffices."""
     if new_subject.strip() and old_subject.strip() and new_subject.strip().casefold() != old_subject.strip().casefold():
+        return False
+    new_numbers, old_numbers = _numbers(new_terms), _numbers(old_terms)
+    if new_numbers and old_numbers and new_numbers != old_numbers:
         return False
     if new_terms and jaccard(new_terms, old_terms) >= DUPLICATE_MIN_JACCARD:
         return True

@@ -401,13 +401,15 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
     if exclude_id is not None:
         scope = scope.exclude(pk=exclude_id)
     new_terms = ranking.term_set(content)
-    if not new_terms:
-        # Nothing but stop words and punctuation: only the same text is the same thing.
+    search_terms = query_terms(content)
+    if not new_terms or not search_terms:
+        # Nothing but stop words and punctuation, or no word the full-text index could find
+        # its twin by (symbols only): only the same text is the same thing.
         return scope.filter(content__iexact=content.strip()).order_by("-updated_at", "-id").first()
 
     scored: dict[int, float] = {}
     text_ids = [match.id for match in _text_scores(
-        terms=query_terms(content), team=team, kin=kin, include_shared=False, limit=DUPLICATE_TEXT_CANDIDATES,
+        terms=search_terms, team=team, kin=kin, include_shared=False, limit=DUPLICATE_TEXT_CANDIDATES,
     )]
     vector_similarities = _vector_similarities(scope, embedding) if embedding is not None else {}
     near_vectors = [i for i, s in vector_similarities.items() if s >= ranking.DUPLICATE_MIN_COSINE]

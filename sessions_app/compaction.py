@@ -50,6 +50,13 @@ Keep its facts and decisions unless the transcript corrects them.
 
 """
 
+# Also code-filled: messages imported into summarised time open the transcript.
+LATE_EVENTS_NOTE = """\
+The transcript starts with {late_messages} dated before {previous_last_at}, where the previous summary ends: \
+they were imported after the previous summary was written. Fold them into the summary where they belong in time.
+
+"""
+
 
 # --- reads ---------------------------------------------------------------------------------
 
@@ -62,6 +69,21 @@ def latest_summary(session: Session) -> Summary | None:
         .order_by("-created_at", "-id")
         .first()
     )
+
+
+def late_events(*, session: Session, summary: Summary | None) -> QuerySet[Event]:
+    """History events dated before `summary`'s boundary that it does not cover: imported into
+    summarised time after it was written, so newer than every event it read. Oldest first."""
+    if summary is None:
+        return Event.objects.none()
+    return Event.objects.filter(
+        session=session, kind__in=HISTORY_KINDS, id__gt=_seen_through(summary),
+        created_at__lt=summary.last_event.created_at,
+    ).order_by("created_at", "id")
+
+
+def _seen_through(summary: Summary) -> int:
+    return summary.seen_through_id or summary.last_event_id
 
 
 def unsummarised_events(*, session: Session, summary: Summary | None) -> QuerySet[Event]:
@@ -194,12 +216,15 @@ def _message_count(events: Sequence[Event]) -> int:
 
 
 def build_compaction_messages(
-    *, kin_name: str, events: Sequence[Event], previous: Summary | None, template: str = COMPACTION_PROMPT
+    *, kin_name: str, events: Sequence[Event], previous: Summary | None, template: str = COMPACTION_PROMPT,
+    late_count: int = 0,
 ) -> list[dict[str, str]]:
     """The chat messages asking the model to summarise `events` (oldest first), merging
-    `previous`; `template` is the compaction prompt template (the built-in one by default)."""
+    `previous`; `template` is the compaction prompt template (the built-in one by default).
+    The first `late_count` events were imported into the time `previous` covers."""
     message_count = _message_count(events)
     previous_block = ""
+    covered_first_at, covered_last_at = events[0].created_at, events[-1].created_at
     if previous is not None:
         previous_block = PREVIOUS_SUMMARY_BLOCK.format(
             previous_summary=previous.content.strip(),
@@ -207,12 +232,20 @@ def build_compaction_messages(
             previous_last_at=_iso(previous.last_at),
             previous_message_count=previous.message_count,
         )
+        if late_count:
+            previous_block += LATE_EVENTS_NOTE.format(
+                late_messages=f"{late_count} message" + ("s" if late_count != 1 else ""),
+                previous_last_at=_iso(previous.last_at),
+            )
+        covered_first_at = min(covered_first_at, previous.first_at)
+        covered_last_at = max(covered_last_at, previous.last_at)
     prompt = template_render(PromptTemplate.Kind.COMPACTION, template, {
         "kin_name": kin_name,
         "first_at": _iso(events[0].created_at),
         "last_at": _iso(events[-1].created_at),
         "message_count": message_count,
-        "covered_first_at": _iso(previous.first_at if previous else events[0].created_at),
+        "covered_first_at": _iso(covered_first_at),
+        "covered_last_at": _iso(covered_last_at),
         "covered_message_count": message_count + (previous.message_count if previous else 0),
         "previous_block": previous_block,
         "transcript": "\n".join(transcript_line(event, kin_name=kin_name) for event in events),
@@ -226,37 +259,56 @@ def build_compaction_messages(
 
 def session_compact(*, session: Session) -> Summary | None:
     """Summarise the session's un-summarised history except the newest
-    COMPACTION_KEEP_TOKENS (default a quarter of the history budget), merging the previous summary.
+    COMPACTION_KEEP_TOKENS (default a quarter of the history budget), merging the previous
+    summary, and with it any messages imported into the time that summary covers (see
+    late_events). Late messages alone, below the trigger, are folded in without moving the
+    boundary, so the visible history stays as it is.
 
-    Returns the new Summary, or None when there was nothing to do (below the trigger,
-    nothing to cut, or another run holds the session). Safe to run twice: a duplicate
-    finds the work done. On an LLM failure nothing is written but the gateway's LLMCall
-    row, and the error propagates so the task can retry."""
+    Returns the new Summary, or None when there was nothing to do (below the trigger and
+    nothing late, nothing to cut, or another run holds the session). Safe to run twice: a
+    duplicate finds the work done. On an LLM failure nothing is written but the gateway's
+    LLMCall row, and the error propagates so the task can retry."""
     with cache_lock(LOCK_KEY.format(session_id=session.pk)) as holder:
         if holder is not None:
             logger.info("Compaction of session %s skipped: another run holds it.", session.pk)
             return None
-        previous = latest_summary(session)
-        if not _over_trigger(session, previous):
-            return None
-        events = list(unsummarised_events(session=session, summary=previous))
+        with transaction.atomic():
+            # A transaction writing events to the session holds a key-share lock on its row (the
+            # foreign key) until it commits, which this lock waits for (PostgreSQL; SQLite has one
+            # writer at a time). So the read below sees every event written so far, and one written
+            # later gets a newer id than all it saw: no event is taken as summarised (seen_through_id)
+            # without having been read, whatever the import or turn running meanwhile.
+            Session.objects.select_for_update().filter(pk=session.pk).values_list("pk").first()
+            previous = latest_summary(session)
+            late = list(late_events(session=session, summary=previous))
+            over_trigger = _over_trigger(session, previous)
+            if not (over_trigger or late):
+                return None
+            events = list(unsummarised_events(session=session, summary=previous))
         keep_tokens = settings.COMPACTION_KEEP_TOKENS or _history_budget(session) // 4
-        cut = compaction_cut([_history_item(event) for event in events], keep_tokens=keep_tokens)
-        if cut == 0:
+        cut = 0
+        if over_trigger:
+            cut = compaction_cut([_history_item(event) for event in events], keep_tokens=keep_tokens)
+        if cut == 0 and not late:
             return None
         covered = events[:cut]
+        # Late events are dated before the previous boundary, so they open the transcript.
+        folded = late + covered
+        # Every history event up to the new boundary with an id up to this one was read above.
+        seen_through = max([event.pk for event in late + events] + ([_seen_through(previous)] if previous else []))
 
         kin = session.kin
         template = template_resolve(kind=PromptTemplate.Kind.COMPACTION, kin=kin)
         try:
             messages = build_compaction_messages(
-                kin_name=kin.name, events=covered, previous=previous, template=template.body
+                kin_name=kin.name, events=folded, previous=previous, template=template.body, late_count=len(late)
             )
         except TemplateError as exc:
             # Admin saves are validated, so only a row broken outside admin gets here; a
             # summary from the built-in prompt beats history that is never compacted.
             logger.error("Compaction template %s is unusable (%s); using the built-in one.", template.template_id, exc)
-            messages = build_compaction_messages(kin_name=kin.name, events=covered, previous=previous)
+            messages = build_compaction_messages(kin_name=kin.name, events=folded, previous=previous,
+                                                 late_count=len(late))
         result = llm_chat(purpose="compaction", team=kin.team, kin=kin, messages=messages)
         content = (result.content or "").strip()
         if not content:
@@ -268,14 +320,18 @@ def session_compact(*, session: Session) -> Summary | None:
             if (newest.pk if newest else None) != (previous.pk if previous else None):
                 logger.warning("Compaction of session %s discarded: a newer summary appeared.", session.pk)
                 return None
+            # A late message may predate the session's first summarised one.
+            starts_here = previous is None or folded[0].created_at < previous.first_at
+            last_event = covered[-1] if covered else previous.last_event
             return Summary.objects.create(
                 session=session,
                 content=content,
-                first_event_id=previous.first_event_id if previous else covered[0].pk,
-                last_event=covered[-1],
-                first_at=previous.first_at if previous else covered[0].created_at,
-                last_at=covered[-1].created_at,
-                message_count=(previous.message_count if previous else 0) + _message_count(covered),
+                first_event_id=folded[0].pk if starts_here else previous.first_event_id,
+                last_event=last_event,
+                first_at=folded[0].created_at if starts_here else previous.first_at,
+                last_at=last_event.created_at,
+                message_count=(previous.message_count if previous else 0) + _message_count(folded),
                 token_count=count_tokens(content),
                 previous=previous,
+                seen_through_id=seen_through,
             )

@@ -221,6 +221,11 @@ class Summary(models.Model):
     token_count = models.PositiveIntegerField(default=0)
     # The summary this one merged (compactions chain).
     previous = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The newest event id the compaction had read. The summary covers the history events up
+    # to last_event whose id is at most this; one dated before last_event with a newer id
+    # was imported into summarised time afterwards, and the next compaction folds it in.
+    # Null (a row written by hand): last_event_id.
+    seen_through_id = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -42,6 +42,12 @@ class ConversationState:
     oldest_visible_at: datetime | None
     compacted: bool
 
+    @property
+    def unaccounted_messages(self) -> int:
+        """Messages neither in the history nor in the summary: older than what the history
+        budget lets through, or imported into summarised time and not yet folded in."""
+        return max(self.total_messages - self.visible_messages - self.summarised_messages, 0)
+
 
 @dataclass(frozen=True)
 class CurrentSource:
@@ -229,6 +235,13 @@ def _conversation_state(state: ConversationState | None, now: datetime) -> str:
         f"Visible messages: {state.visible_messages} of {state.total_messages}",
         f"Summarised messages: {state.summarised_messages}",
     ]
+    if state.unaccounted_messages:
+        # Said outright, so the counts add up and the kin knows to search for them.
+        lines.append(
+            f"Messages neither visible nor summarised: {state.unaccounted_messages} "
+            "(older than the visible ones, or imported into summarised time and not yet in the summary; "
+            "`search_history` finds them)"
+        )
     if state.oldest_visible_at is not None:
         lines.append(f"Oldest visible message: {relative_age(state.oldest_visible_at, now)}")
     if state.compacted:

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from kinsite.models import Team
 from kinsite.tokencount import count_tokens
+from sessions_app.compaction import latest_summary
 from sessions_app.models import Event, Kin, Session
 
 KIN_EDITABLE_FIELDS = (
@@ -91,7 +92,9 @@ class ImportResult:
 @transaction.atomic
 def messages_import(*, session: Session, items: list[ImportItem]) -> ImportResult:
     """Store messages without replies. An `external_id` already in the session
-    (or repeated within the batch) is skipped, so re-importing changes nothing."""
+    (or repeated within the batch) is skipped, so re-importing changes nothing. Messages
+    dated before the compaction boundary are folded into the summary by a compaction
+    scheduled after commit (until then the prompt counts them as neither visible nor summarised)."""
     wanted_ids = {item.external_id for item in items if item.external_id}
     seen = set(
         Event.objects.filter(session=session, external_id__in=wanted_ids).values_list("external_id", flat=True)
@@ -126,4 +129,11 @@ def messages_import(*, session: Session, items: list[ImportItem]) -> ImportResul
         # New events for introspection to read; an import of old messages does not make the
         # session look active, but its messages are still introspected (after the idle timeout).
         Session.objects.filter(pk=session.pk).update(introspection_pending=True)
+        summary = latest_summary(session)
+        if summary is not None and min(row.created_at for row in rows) < summary.last_event.created_at:
+            # Dated inside summarised time: the prompt's history starts after the summary, so
+            # only a new summary brings them into the context; it keeps the boundary.
+            from sessions_app.tasks import compact_session_task  # tasks import this module's callers
+
+            transaction.on_commit(lambda: compact_session_task.delay(session.pk))
     return ImportResult(created=len(rows), skipped=len(items) - len(rows))

@@ -25,6 +25,16 @@ class SynonymEmbedder(ScriptedProvider):
         return result
 
 
+class NumberBlindEmbedder(ScriptedProvider):
+    """The scripted provider's hashed bag of words with digits masked: like a real
+    embedder, it places "at 3pm" and "at 5pm" together."""
+
+    def embed_result(self, texts, *, model=None):
+        result = super().embed_result(texts, model=model)
+        result.vectors = [hashed_bag_of_words(re.sub(r"\d", "#", t)) for t in texts]
+        return result
+
+
 class BrokenEmbedder(ScriptedProvider):
     def embed_result(self, texts, *, model=None):
         raise LLMError("embedding endpoint down")

@@ -10,7 +10,7 @@ from memories import ranking, selectors, services
 from memories.models import Memory, MemoryChange
 from memories.services import Actor
 from tests.factories import KinFactory
-from tests.memories.embedders import BrokenEmbedder, SynonymEmbedder
+from tests.memories.embedders import BrokenEmbedder, NumberBlindEmbedder, SynonymEmbedder
 
 ACTOR = Actor(label="user:maria")
 
@@ -149,6 +149,47 @@ def test_stop_word_only_content_merges_only_on_identical_text(team, kin):
     first = add(team, kin, "It is what it is").memory
     assert add(team, kin, "it is what it is").memory.pk == first.pk
     assert add(team, kin, "It was what it was").created
+
+
+# Each pair differs only in a word outside Latin letters, a symbol or a number: two facts.
+DIFFERENT_BY_ONE_TOKEN = [
+    ("uni e\u0301e\u0301e\u0301", "uni \U0010FFFF"),  # "ééé" decomposed vs a non-character
+    ("uni ééé", "uni ààà"),
+    ("Ravi's answer was हाँ", "Ravi's answer was ना"),  # Hindi yes / no: a letter and its vowel signs
+    ("The office is in 東京", "The office is in 大阪"),
+    ("Deploy status: ✅", "Deploy status: ❌"),
+    ("The price is 5€", "The price is 5$"),
+    ("Meeting at 3pm", "Meeting at 5pm"),
+    ("Budget is 100", "Budget is 200"),
+    # Long enough that one changed word leaves 8 of 10 terms shared, the merge threshold.
+    ("The quarterly budget review with finance, sales and marketing is at 3pm in room twelve",
+     "The quarterly budget review with finance, sales and marketing is at 5pm in room twelve"),
+]
+
+
+@pytest.mark.parametrize("first, second", DIFFERENT_BY_ONE_TOKEN)
+def test_texts_differing_in_a_non_latin_word_symbol_or_number_stay_two_memories(team, kin, first, second):
+    add(team, kin, first)
+    result = add(team, kin, second)
+    assert result.created
+    assert sorted(Memory.objects.filter(team=team).values_list("content", flat=True)) == sorted([first, second])
+
+
+@pytest.mark.parametrize("text", ["The office is in 東京", "Ravi said नमस्ते to the team", "東京オフィス", "✅ ✅",
+                                  "Budget is 100"])
+def test_the_same_non_latin_symbol_or_number_text_still_merges(team, kin, text):
+    first = add(team, kin, text).memory
+    result = add(team, kin, text)
+    assert not result.created and result.memory.pk == first.pk
+
+
+def test_vectors_agreeing_do_not_merge_different_numbers(team, kin):
+    # Embedders barely see digits: "at 3pm" and "at 5pm" embed almost alike.
+    with provider_override(NumberBlindEmbedder()):
+        add(team, kin, "Meeting with Maria at 3pm")
+        assert add(team, kin, "Meeting with Maria at 5pm").created
+        assert not add(team, kin, "Meeting with maria at 5pm.").created
+    assert Memory.objects.filter(team=team).count() == 2
 
 
 # --- vectors at write time ----------------------------------------------------------------

@@ -96,3 +96,32 @@ def test_run_command_serves_dashboard_and_healthz_with_demo_data(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@pytest.mark.sqlite
+def test_run_command_prints_each_log_record_once(tmp_path):
+    # DEBUG=true as scripts/serve sets it: Django then gives its "django" logger a console
+    # handler of its own, which printed every django.* record a second time via the root's.
+    env = embedded_env(tmp_path)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                missing = httpx.get(f"http://127.0.0.1:{port}/no-such-page/", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "runserver did not start"
+                time.sleep(0.2)
+        assert missing.status_code == 404
+    finally:
+        server.terminate()
+        _, stderr = server.communicate(timeout=10)
+    lines = stderr.splitlines()
+    # One warning from django.request and one access line from django.server.
+    assert [line for line in lines if "no-such-page" in line and "Not Found" in line] == ["Not Found: /no-such-page/"]
+    assert len([line for line in lines if '"GET /no-such-page/ HTTP/1.1" 404' in line]) == 1

@@ -2,10 +2,13 @@
 covering all but the newest keep window; the newest summary is the boundary the next
 prompt reads; a second compaction merges the first. Token counts are real tiktoken."""
 import json
+import re
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.cache import cache
+from django.db import connection, transaction
 
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMError, LLMHTTPError
@@ -15,12 +18,16 @@ from sessions_app.compaction import (
     LOCK_KEY,
     compaction_cut,
     compaction_needed,
+    late_events,
     latest_summary,
     session_compact,
     unsummarised_events,
 )
+from sessions_app.context import prompt_assemble
 from sessions_app.history import HistoryItem
 from sessions_app.models import Event, Summary
+from sessions_app.selectors import history_search
+from sessions_app.services import ImportItem, messages_import
 from sessions_app.tasks import compact_session_task
 from tests.factories import MessageFactory
 
@@ -259,6 +266,141 @@ def test_second_compaction_merges_the_first(session, llm):
     assert latest_summary(session) == second
     kept = list(unsummarised_events(session=session, summary=second))
     assert kept == expected_kept(first_events + second_events, BUDGET // 4)
+
+
+# --- a message imported into summarised time ----------------------------------------------
+
+LATE_TEXT = "The board moved the churn review to Monday."
+
+
+def import_late(session, minute: float, external_id: str = "slack-late-1") -> Event:
+    result = messages_import(session=session, items=[ImportItem(
+        content=LATE_TEXT, sender="Tom", platform="slack", created_at=T0 + timedelta(minutes=minute),
+        external_id=external_id,
+    )])
+    assert result.created == 1
+    return Event.objects.get(session=session, external_id=external_id)
+
+
+def conversation_counts(session) -> dict[str, int]:
+    """The conversation_state section's counts, as the next prompt would carry them."""
+    prompt = prompt_assemble(session=session, message_text="")
+    [state] = [section.text for section in prompt.sections if section.id == "conversation_state"]
+    visible, total = re.search(r"Visible messages: (\d+) of (\d+)", state).groups()
+    summarised = re.search(r"Summarised messages: (\d+)", state).group(1)
+    unfolded = re.search(r"Messages neither visible nor summarised: (\d+)", state)
+    return {"visible": int(visible), "total": int(total), "summarised": int(summarised),
+            "unfolded": int(unfolded.group(1)) if unfolded else 0}
+
+
+def test_message_imported_into_summarised_time_is_counted_then_folded_by_the_next_compaction(session, llm):
+    chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY, SECOND_SUMMARY)
+    first = session_compact(session=session)
+    late = import_late(session, 3.5)
+    assert first.first_at < late.created_at < first.last_at
+
+    # Meanwhile: neither in the summary nor in the history, but counted, and searchable.
+    counts = conversation_counts(session)
+    assert counts["unfolded"] == 1
+    assert counts["visible"] + counts["summarised"] + counts["unfolded"] == counts["total"]
+    assert late in history_search(query="churn review Monday", limit=5, session=session)
+    assert list(late_events(session=session, summary=first)) == [late]
+
+    chatter(session, 100, 16)
+    second = session_compact(session=session)
+
+    prompt = sent_prompt(llm)
+    assert f"[2026-03-02T09:03:30+00:00] Tom: {LATE_TEXT}" in prompt
+    assert "imported after the previous summary was written" in prompt
+    newly_covered = Event.objects.filter(session=session, created_at__gt=first.last_at,
+                                         created_at__lte=second.last_at).count()
+    assert second.message_count == first.message_count + newly_covered + 1
+    assert list(late_events(session=session, summary=second)) == []
+    counts = conversation_counts(session)
+    assert counts["unfolded"] == 0
+    assert counts["visible"] + counts["summarised"] == counts["total"]
+
+
+def test_import_into_summarised_time_schedules_a_fold_that_keeps_the_boundary(
+    session, llm, django_capture_on_commit_callbacks
+):
+    chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY, SECOND_SUMMARY)
+    first = session_compact(session=session)
+    kept = list(unsummarised_events(session=session, summary=first))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        late = import_late(session, -5)  # even before the session's first message
+
+    second = latest_summary(session)
+    assert second.previous == first
+    assert second.last_event == first.last_event  # the visible history is unchanged
+    assert list(unsummarised_events(session=session, summary=second)) == kept
+    assert (second.first_event, second.first_at) == (late, late.created_at)
+    assert second.message_count == first.message_count + 1
+    prompt = sent_prompt(llm)
+    assert f"[2026-03-02T08:55:00+00:00] Tom: {LATE_TEXT}" in prompt
+    assert FIRST_SUMMARY in prompt
+    assert f"Covered by the summary you write: 2026-03-02T08:55:00+00:00 to {first.last_at.isoformat()}" in prompt
+    counts = conversation_counts(session)
+    assert counts["visible"] + counts["summarised"] == counts["total"] and counts["unfolded"] == 0
+
+    # A message imported after the boundary is simply history: nothing to fold.
+    with django_capture_on_commit_callbacks(execute=True):
+        messages_import(session=session, items=[ImportItem(content="Later note.", created_at=at(200))])
+    assert latest_summary(session) == second and len(llm.calls) == 2
+
+
+@pytest.mark.postgres
+def test_compaction_running_during_an_import_never_takes_its_messages_as_summarised(transactional_db, chat_session,
+                                                                                       llm):
+    # The race: an import has written (ids taken) but not committed when a newer message
+    # commits and compaction reads. Without waiting for the import, compaction would record
+    # the newer message's id as read, and the import's older ids would pass for summarised.
+    session = chat_session
+    session.kin.history_token_budget = BUDGET
+    session.kin.save()
+    chatter(session, 0, 20)
+    llm.add(FIRST_SUMMARY, SECOND_SUMMARY)
+    first = session_compact(session=session)
+    written, finish = threading.Event(), threading.Event()
+
+    def import_slowly():
+        try:
+            with transaction.atomic():
+                import_late(session, 3.5)
+                written.set()
+                finish.wait(10)
+        finally:
+            connection.close()
+
+    importer = threading.Thread(target=import_slowly)
+    importer.start()
+    assert written.wait(10)
+    chatter(session, 100, 16)  # committed, with ids newer than the import's; over the trigger
+    result = {}
+
+    def compact():
+        try:
+            result["summary"] = session_compact(session=session)
+        finally:
+            connection.close()
+
+    compactor = threading.Thread(target=compact)
+    compactor.start()
+    compactor.join(0.5)
+    assert compactor.is_alive()  # waiting for the import to commit
+    finish.set()
+    importer.join(10)
+    compactor.join(10)
+
+    second = result["summary"]
+    assert second.previous == first
+    assert f"Tom: {LATE_TEXT}" in sent_prompt(llm)
+    assert list(late_events(session=session, summary=second)) == []
+    counts = conversation_counts(session)
+    assert counts["visible"] + counts["summarised"] == counts["total"] and counts["unfolded"] == 0
 
 
 def test_kin_template_override_is_the_prompt_the_model_receives(session, llm, other_team):
