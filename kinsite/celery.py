@@ -7,7 +7,12 @@ from celery import Celery
 from celery.schedules import crontab
 from celery.signals import worker_process_init
 
+from kinsite.broker import mend_redis_channel_close
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kinsite.settings")
+
+# Without it a worker holding a task when Redis drops exits instead of reconnecting (see there).
+mend_redis_channel_close()
 
 app = Celery("kinsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -119,9 +119,20 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_CONNECT_TIMEOUT_SECONDS
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
 # Workers wait for Redis at start and reconnect for ever after losing it (Celery's defaults
-# give up after 100 attempts, leaving a worker process that consumes nothing).
+# give up after 100 attempts, leaving a worker process that consumes nothing). Retrying after
+# a loss is Celery's default, stated here because with it off a worker exits on the first
+# loss. kinsite/broker.py mends the one path where kombu 5.7 still made a worker exit (it held
+# a task as Redis dropped); tests/faults/test_redis_lost_under_a_busy_worker.py checks both.
+CELERY_BROKER_CONNECTION_RETRY = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# A broker connection loss leaves running tasks running. That is Celery 5's default; Celery 6
+# is to cancel them instead, as their acknowledgement may not reach Redis and a copy may be
+# delivered again. Kinsite's tasks store their outcome in PostgreSQL and are idempotent: a
+# turn finishes and stores its reply while Redis is away, and a copy that Redis (if it kept
+# its data) delivers again finds the turn done. A cancelled turn would instead wait for
+# recover-stalled-turns (one session-lock lease, 5¼ min) and call the model again.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # A task a worker took but never acknowledged (acks_late: the worker died running it) is
     # delivered again once it has been out this long. It must exceed the longest a task can

@@ -126,6 +126,13 @@ class RedisServer:
             self.process.wait(timeout=10)
         self.process = None
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash or the OOM killer ends Redis: every connection drops at once."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
 
 @pytest.fixture
 def redis_server(tmp_path) -> Iterator[RedisServer]:
@@ -188,7 +195,7 @@ class Worker:
     """A `celery worker` process (its own process group) on the test database."""
 
     def __init__(self, *, name: str, redis_url: str, llm_base_url: str, log_path: Path,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, pool: str = "solo", concurrency: int = 1):
         self.log_path = log_path
         environment = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLM_", "API_RATE_"))}
         environment.update(
@@ -205,10 +212,11 @@ class Worker:
             **(env or {}),
         )
         celery = Path(sys.executable).with_name("celery")
-        # One process that is the task's process too, so SIGKILL ends the task with the worker.
-        command = [str(celery), "-A", "kinsite", "worker", f"--hostname={name}@%h", "--pool=solo",
-                   "--prefetch-multiplier=1", "--without-gossip", "--without-mingle", "--without-heartbeat",
-                   "--loglevel=INFO"]
+        # By default one process that is the task's process too, so SIGKILL ends the task with the
+        # worker; pool="prefork" runs tasks in child processes, as the Procfile's worker does.
+        command = [str(celery), "-A", "kinsite", "worker", f"--hostname={name}@%h", f"--pool={pool}",
+                   f"--concurrency={concurrency}", "--prefetch-multiplier=1", "--without-gossip",
+                   "--without-mingle", "--without-heartbeat", "--loglevel=INFO"]
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(command, cwd=REPO, env=environment, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -38,6 +38,7 @@ class ScriptedResponse:
     message: dict[str, Any] | None = None  # chat only: the assistant message to wrap in a completion
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
+    gate: threading.Event | None = None  # answer only once it is set (see FakeOpenAIServer.hold)
 
 
 @dataclass
@@ -148,6 +149,13 @@ class FakeOpenAIServer:
         """Sleep `seconds` before giving the default answer (to provoke client timeouts)."""
         self._push(endpoint, ScriptedResponse(delay=seconds))
 
+    def hold(self, *, endpoint: str = CHAT) -> threading.Event:
+        """Give the default answer only once the returned event is set (or the server stops):
+        a call the test keeps in flight for as long as it needs, with no timing to guess."""
+        gate = threading.Event()
+        self._push(endpoint, ScriptedResponse(gate=gate))
+        return gate
+
     def raw(self, body: str, *, status: int = 200, endpoint: str = CHAT, content_type: str = "text/plain") -> None:
         """Answer exactly this text, e.g. a body that is not JSON."""
         self._push(endpoint, ScriptedResponse(status=status, body=body, headers={"Content-Type": content_type}))
@@ -239,6 +247,8 @@ class _Handler(BaseHTTPRequestHandler):
 
         scripted = self.fake._next(endpoint, request)
         self.fake._sleep(self.fake.delay + scripted.delay)
+        while scripted.gate is not None and not scripted.gate.wait(0.05) and not self.fake._stopping.is_set():
+            pass
         if self.fake._stopping.is_set():
             self.close_connection = True
             return
