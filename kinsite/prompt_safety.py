@@ -103,3 +103,13 @@ def unsafe_characters(text: str) -> list[str]:
     escapes ("\\n"), for an error message. [] when there are none."""
     found = dict.fromkeys(ch for ch in text if unicodedata.category(ch) in ("Cc", "Zl", "Zp"))
     return [ch.encode("unicode_escape").decode("ascii") for ch in found]
+
+
+def one_line_problem(text: str) -> str | None:
+    """Why `text` cannot be a one-line name (a sender), or None: the message a form or
+    serializer answers with. Edges refuse such names rather than change them silently."""
+    found = unsafe_characters(text)
+    if not found:
+        return None
+    return ("Must be one line: no line breaks, tabs or other control characters "
+            f"(found {', '.join(found)}).")
