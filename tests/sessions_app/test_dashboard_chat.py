@@ -227,7 +227,9 @@ def test_script_tags_are_escaped_in_messages_tool_calls_and_the_preview(logged_i
     page, preview_partial, preview_page, post_partial = bodies
     assert page.count("&lt;script&gt;alert(") >= 3  # the message, the tool call's arguments, the reply
     assert "&lt;b&gt;Eve&lt;/b&gt;" in page
-    assert "Sender: &lt;b&gt;Eve&lt;/b&gt;" in preview_partial  # the current_source section
+    # The current_source section: tags are neutralised in the prompt ("&lt;b>Eve&lt;/b>", see
+    # kinsite.prompt_safety), and that text is HTML-escaped on the page.
+    assert "Sender: &amp;lt;b&gt;Eve&amp;lt;/b&gt;" in preview_partial
     assert "&lt;script&gt;alert(" in preview_page  # the message box of the plain form
     assert post_partial.count("&lt;script&gt;alert(") == 2
 
