@@ -8,9 +8,10 @@ The rule, in three renderings:
   and control characters (line breaks of every kind included) becomes one space, and the
   text is capped. It can never begin a line of its own.
 - `quoted(text)` for material of several lines (the experience document, a summary, the
-  working memory, the canvas, the lines of a message after its first): every line starts
-  with the quote marker "> ", so no line of it begins at column 0 with a heading marker
-  (`#`), a role label (`SYSTEM:`) or a tag. The prompts say that quoted text is data.
+  working memory, a memory's lines after its first, a transcript message's lines after
+  its first, via `continued`): every line starts with the quote marker "> ", so no line
+  of it begins at column 0 with a heading marker (`#`), a role label (`SYSTEM:`) or a
+  tag. The prompts say that quoted text is data.
 - `guarded(text)` for text that code composes around one-line fields (the canvas): its
   lines are kept, but any line that begins with a heading marker or a role label is
   quoted. With `keep_headings`, for a document the model is asked to rewrite in its own
