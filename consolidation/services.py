@@ -31,6 +31,7 @@ from kinsite.errors import Conflict, InvalidInput
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.providers import strip_json_fence
 from kinsite.llm.types import LLMBadResponse
+from kinsite.prompt_safety import guarded, one_line
 from kinsite.prompt_templates import (
     ResolvedTemplate,
     TemplateError,
@@ -121,8 +122,8 @@ def fact_record(
 
 def fact_line(fact: Fact) -> str:
     """How a fact is shown to the model: id, category, the date it arrived, the statement."""
-    statement = " ".join(fact.statement.split())
-    return f"- [id {fact.pk}] ({fact.category}, {fact.created_at.date().isoformat()}) {statement}"
+    # One line, tags escaped: a statement is stored text and must not close the prompt's blocks.
+    return f"- [id {fact.pk}] ({fact.category}, {fact.created_at.date().isoformat()}) {one_line(fact.statement)}"
 
 
 _HEADING_LINE = re.compile(r"^#{1,6}[ \t]+\S")
@@ -164,16 +165,20 @@ def render_prompt(*, template_body: str, kin_name: str, max_words: int, current_
                   pending: list[Fact], active: list[Fact]) -> str:
     """The consolidation prompt: `template_body` filled in (raises TemplateError).
 
+    The values are stored text, made safe before they are pasted in (kinsite.prompt_safety):
+    the document keeps its headings, which the answer must repeat, but cannot close its
+    block, and a line of it that poses as a role turn is quoted.
+
     A template without {current_experience} or {pending_facts} (instructions written
     elsewhere, often with only {max_words}) gets each appended after it, in the tags the
     default uses, when it has content: otherwise the model would never see the facts and
     they would stay pending for ever."""
     data = {
-        "current_experience": current_experience.strip(),
+        "current_experience": guarded(current_experience.strip(), keep_headings=True),
         "pending_facts": "\n".join(fact_line(fact) for fact in pending),
     }
     prompt = template_render(KIND, template_body, {
-        "kin_name": kin_name,
+        "kin_name": one_line(kin_name),
         "max_words": max_words,
         "current_experience": data["current_experience"] or NO_EXPERIENCE,
         "pending_facts": data["pending_facts"] or NO_FACTS,

@@ -14,6 +14,7 @@ from kinsite.cachelock import cache_lock
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.types import LLMBadResponse
 from kinsite.models import PromptTemplate
+from kinsite.prompt_safety import continued, one_line, quoted
 from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
 from kinsite.tokencount import count_tokens
 from sessions_app.history import HistoryItem
@@ -23,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 LOCK_KEY = "kinsite:compaction:session:{session_id}"
 
+# A stored sender's length (Event.sender); longer names are cut when shown.
+SENDER_MAX_CHARS = 200
 # Tool traffic is shown compactly: the summary needs what was done, not every byte returned.
 TOOL_ARGUMENTS_MAX_CHARS = 200
 TOOL_RESULT_MAX_CHARS = 300
@@ -182,18 +185,19 @@ def _iso(moment: datetime) -> str:
 
 
 def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return one_line(text, limit)
 
 
 def _speaker(event: Event, kin_name: str) -> str:
     if event.sender:
-        return event.sender
-    return kin_name if event.role == Event.Role.ASSISTANT else event.role
+        return one_line(event.sender, SENDER_MAX_CHARS)
+    return one_line(kin_name) if event.role == Event.Role.ASSISTANT else event.role
 
 
 def transcript_line(event: Event, *, kin_name: str) -> str:
-    """One event as a transcript line: time, sender, content; tool traffic compactly."""
+    """One event as a transcript line: time, sender, content; tool traffic compactly.
+    Stored text cannot break out of it (kinsite.prompt_safety): names and tool traffic
+    are one line, and the lines of a message after its first follow indented and quoted."""
     stamp = f"[{_iso(event.created_at)}]"
     data = event.data or {}
     if event.kind == Event.Kind.TOOL_CALL:
@@ -202,13 +206,14 @@ def transcript_line(event: Event, *, kin_name: str) -> str:
             arguments = call.get("arguments")
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
-            calls.append(f"{call.get('name') or 'tool'}({_clip(arguments, TOOL_ARGUMENTS_MAX_CHARS)})")
-        said = f" and said: {event.content.strip()}" if event.content.strip() else ""
-        return f"{stamp} {_speaker(event, kin_name)} called {', '.join(calls) or 'a tool'}{said}"
+            name = one_line(str(call.get("name") or ""), TOOL_ARGUMENTS_MAX_CHARS) or "tool"
+            calls.append(f"{name}({_clip(arguments, TOOL_ARGUMENTS_MAX_CHARS)})")
+        line = f"{stamp} {_speaker(event, kin_name)} called {', '.join(calls) or 'a tool'}"
+        return continued(f"{line} and said: ", event.content) if event.content.strip() else line
     if event.kind == Event.Kind.TOOL_RESULT:
-        name = data.get("name") or "tool"
+        name = one_line(str(data.get("name") or ""), TOOL_ARGUMENTS_MAX_CHARS) or "tool"
         return f"{stamp} {name} returned: {_clip(event.content, TOOL_RESULT_MAX_CHARS)}"
-    return f"{stamp} {_speaker(event, kin_name)}: {event.content.strip()}"
+    return continued(f"{stamp} {_speaker(event, kin_name)}: ", event.content)
 
 
 def _message_count(events: Sequence[Event]) -> int:
@@ -227,7 +232,8 @@ def build_compaction_messages(
     covered_first_at, covered_last_at = events[0].created_at, events[-1].created_at
     if previous is not None:
         previous_block = PREVIOUS_SUMMARY_BLOCK.format(
-            previous_summary=previous.content.strip(),
+            # Quoted: the summary is stored text and must not close the block it sits in.
+            previous_summary=quoted(previous.content),
             previous_first_at=_iso(previous.first_at),
             previous_last_at=_iso(previous.last_at),
             previous_message_count=previous.message_count,
@@ -240,7 +246,7 @@ def build_compaction_messages(
         covered_first_at = min(covered_first_at, previous.first_at)
         covered_last_at = max(covered_last_at, previous.last_at)
     prompt = template_render(PromptTemplate.Kind.COMPACTION, template, {
-        "kin_name": kin_name,
+        "kin_name": one_line(kin_name),
         "first_at": _iso(events[0].created_at),
         "last_at": _iso(events[-1].created_at),
         "message_count": message_count,

@@ -35,6 +35,7 @@ from consolidation.services import fact_record
 from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict
 from kinsite.llm.gateway import llm_chat
+from kinsite.prompt_safety import one_line, quoted
 from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
 from kinsite.tokencount import count_tokens
 from memories.models import Memory
@@ -42,6 +43,7 @@ from memories.services import Actor
 from memories.tools import ToolContext
 from sessions_app.compaction import transcript_line
 from sessions_app.introspection_tools import (
+    DESCRIPTION_MAX_CHARS,
     IntrospectionState,
     introspection_toolset,
     memory_write_apply,
@@ -425,9 +427,11 @@ def _prompt(template, *, kin: Kin, session: Session, events: list[Event], config
             run: IntrospectionRun) -> str:
     ordered = sorted(events, key=lambda event: (event.created_at, event.pk))
     values = {
-        "kin_name": kin.name,
-        "description": session.description.strip() or "(none yet)",
-        "working_memory": session.working_memory.strip() or "(empty)",
+        "kin_name": one_line(kin.name),
+        # Stored text: kept to one line or quoted, so it cannot close the tag blocks of the
+        # template or pose as an instruction (kinsite.prompt_safety).
+        "description": one_line(session.description, DESCRIPTION_MAX_CHARS) or "(none yet)",
+        "working_memory": quoted(session.working_memory) or "(empty)",
         "events": "\n".join(transcript_line(event, kin_name=kin.name) for event in ordered),
         "max_tool_calls": config.max_tool_calls,
     }

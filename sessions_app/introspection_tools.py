@@ -32,7 +32,8 @@ WORKING_MEMORY_SCHEMA = _schema(
     "Replace this session's working memory with a new, complete version: goal, status, next steps, "
     "open questions. It replaces the old one entirely; an empty string clears it.",
     {"content": {"type": "string", "maxLength": WORKING_MEMORY_MAX_CHARS,
-                 "description": "The complete new working memory (short Markdown)."}},
+                 "description": "The complete new working memory (short Markdown), without the "
+                                "'> ' quote marks the prompt shows the current one with."}},
     ["content"],
 )
 DESCRIPTION_SCHEMA = _schema(

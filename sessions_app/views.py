@@ -18,6 +18,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 
 from kinsite.errors import ServiceUnavailable
+from kinsite.prompt_safety import one_line_problem
 from kinsite.views import render_partial_or_page, team_required, wants_partial
 from sessions_app import selectors, turns
 from sessions_app.context import prompt_assemble
@@ -40,12 +41,19 @@ RUNS_MAX = 200
 RUNS_POLL_SECONDS = 2
 
 
+def _one_line(value: str) -> None:
+    # The API's rule (sessions_app.api.serializers): a sender is one line in every prompt.
+    problem = one_line_problem(value)
+    if problem:
+        raise forms.ValidationError(f"Sender: {problem}")
+
+
 class ChatPostForm(forms.Form):
     content = forms.CharField(
         max_length=settings.MESSAGE_MAX_CHARS, strip=False,
         error_messages={"required": "Write a message first."},
     )
-    sender = forms.CharField(max_length=SENDER_MAX_CHARS, required=False)
+    sender = forms.CharField(max_length=SENDER_MAX_CHARS, required=False, validators=[_one_line])
 
     def clean_content(self):
         content = self.cleaned_data["content"]
@@ -56,7 +64,7 @@ class ChatPostForm(forms.Form):
 
 class PreviewForm(forms.Form):
     message = forms.CharField(max_length=settings.MESSAGE_MAX_CHARS, required=False, strip=False)
-    sender = forms.CharField(max_length=SENDER_MAX_CHARS, required=False)
+    sender = forms.CharField(max_length=SENDER_MAX_CHARS, required=False, validators=[_one_line])
 
 
 # --- the conversation, as shown ---------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from workflows.lineage import GraphInfo, NodeInfo, collect_lineage, lineage_to_narrative
+from workflows.lineage import GraphInfo, NodeInfo, collect_lineage, lineage_to_narrative, name_text
 
 # Below this many characters a narrative says too little to be worth its header, so the
 # inventory is shortened first, and then fewer terminal nodes are narrated.
@@ -21,7 +21,10 @@ def _plural(n: int, word: str) -> str:
 
 
 def _name(node: NodeInfo) -> str:
-    return f'{node.id} "{node.label}"' if node.label and node.label != node.id else node.id
+    # Ids, labels and types are stored text: one line each, so no canvas line can begin
+    # with them (the prompt builder relies on it: sessions_app.prompt guards the canvas).
+    node_id = name_text(node.id)
+    return f'{node_id} "{name_text(node.label)}"' if node.label and node.label != node.id else node_id
 
 
 def _counts(node: NodeInfo) -> str:
@@ -33,7 +36,7 @@ def _counts(node: NodeInfo) -> str:
 
 
 def _node_line(node: NodeInfo) -> str:
-    return f"- {_name(node)} ({node.type}): {node.status}, {_counts(node)}."
+    return f"- {_name(node)} ({name_text(node.type)}): {node.status}, {_counts(node)}."
 
 
 def _terminal_header(node: NodeInfo) -> str:
@@ -43,7 +46,7 @@ def _terminal_header(node: NodeInfo) -> str:
         counts = f"{_plural(node.records_out, 'record')} out"
     else:
         counts = f"{node.records_in} records in, {node.records_out} out"
-    return f"Terminal node {_name(node)} ({node.type}), {counts}:"
+    return f"Terminal node {_name(node)} ({name_text(node.type)}), {counts}:"
 
 
 def _length(lines: list[str]) -> int:
@@ -89,7 +92,7 @@ def canvas_text(*, workflow_name: str, graph: GraphInfo, describe: Callable[[Nod
     then the inventory is cut to its first lines plus a count of the rest by status, then
     fewer terminal nodes are narrated (the others are counted in one line)."""
     nodes = graph.nodes
-    title = f'Workflow "{workflow_name}" ({_plural(len(nodes), "node")}, {_plural(len(graph.edges), "edge")}).'
+    title = f'Workflow "{name_text(workflow_name)}" ({_plural(len(nodes), "node")}, {_plural(len(graph.edges), "edge")}).'
     if not nodes:
         return _fit([title + " It has no nodes yet."], max_chars)
     title += " Nodes:"

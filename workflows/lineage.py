@@ -25,10 +25,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
+from kinsite.prompt_safety import one_line
+
 NEVER_RAN = "never_ran"
 LOST_RESULTS = "lost_results"
 SETTINGS_CHANGED = "settings_changed"
 
+NAME_MAX_CHARS = 200  # a node label's stored length
 PRODUCER = "https://github.com/kinsite/kinsite/tree/main/workflows/lineage.py"
 OPENLINEAGE_RUN_EVENT_SCHEMA = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/definitions/RunEvent"
 PARENT_RUN_FACET_SCHEMA = "https://openlineage.io/spec/facets/1-0-0/ParentRunFacet.json#/$defs/ParentRunFacet"
@@ -92,12 +95,18 @@ class LineageGraph:
     stale_reasons: list[str] = field(default_factory=list)  # one sentence fragment per stale node
 
 
+def name_text(text: str) -> str:
+    """A node's label, id or type as the narrative shows it: one line (a label is stored
+    text and the narrative goes into prompts, where a line break could forge a heading)."""
+    return one_line(text, NAME_MAX_CHARS)
+
+
 def default_describer(node: NodeInfo) -> str:
     # Counts are appended to every step by the narrative, so the generic sentence names
     # the step only (the registry's describers should not repeat the counts either).
-    kind = node.type or "unknown"
+    kind = name_text(node.type) or "unknown"
     if node.label and node.label != node.type:
-        return f'Runs "{node.label}", a {kind} step'
+        return f'Runs "{name_text(node.label)}", a {kind} step'
     return f"Runs a {kind} step"
 
 
@@ -177,7 +186,7 @@ def collect_lineage(
             node.records_in, node.records_out, node.results_version, node.status, cause,
         ))
         if cause:
-            reasons.append(_CAUSE_TEXT[cause].format(node.label or node.id))
+            reasons.append(_CAUSE_TEXT[cause].format(name_text(node.label or node.id)))
     edges = [EdgeInfo(nodes[s].id, nodes[t].id) for s, t in pairs]
     return LineageGraph(node_id=node_id, entries=entries, edges=edges, stale=bool(reasons), stale_reasons=reasons)
 

@@ -2,12 +2,15 @@
 from django.conf import settings
 from rest_framework import serializers
 
+from kinsite.prompt_safety import one_line_problem
+
 from sessions_app.models import Event, IntrospectionRun, Kin, Session, Turn
 from workflows.models import Workflow
 
 # Identity texts go into every prompt of the kin: generous, but bounded (the model's
 # TextFields are not).
 KIN_TEXT_MAX_CHARS = 10_000
+SENDER_MAX_CHARS = Event._meta.get_field("sender").max_length
 
 
 class KinSerializer(serializers.ModelSerializer):
@@ -117,9 +120,22 @@ def _content_field():
     return serializers.CharField(max_length=settings.MESSAGE_MAX_CHARS, allow_blank=False, trim_whitespace=False)
 
 
+def _one_line(value: str) -> None:
+    problem = one_line_problem(value)
+    if problem:
+        raise serializers.ValidationError(problem)
+
+
+def _sender_field():
+    """A sender's name: one line (it is shown in prompts, where a line break could forge a
+    heading or a role turn), surrounding whitespace trimmed, at most Event.sender's length."""
+    return serializers.CharField(max_length=SENDER_MAX_CHARS, required=False, allow_blank=True, default="",
+                                 validators=[_one_line])
+
+
 class ImportMessageSerializer(serializers.Serializer):
     content = _content_field()
-    sender = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    sender = _sender_field()
     platform = serializers.ChoiceField(choices=Event.Platform.choices, required=False, default=Event.Platform.API)
     role = serializers.ChoiceField(
         choices=[Event.Role.USER, Event.Role.ASSISTANT], required=False, default=Event.Role.USER
@@ -163,7 +179,7 @@ class HistoryHitSerializer(serializers.ModelSerializer):
 
 class MessagePostSerializer(serializers.Serializer):
     content = _content_field()
-    sender = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    sender = _sender_field()
     platform = serializers.ChoiceField(choices=Event.Platform.choices, required=False, default=Event.Platform.API)
 
     def validate_content(self, value):
@@ -223,7 +239,7 @@ class PromptPreviewQuerySerializer(serializers.Serializer):
     message = serializers.CharField(
         max_length=settings.MESSAGE_MAX_CHARS, required=False, allow_blank=True, default="", trim_whitespace=False
     )
-    sender = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    sender = _sender_field()
     platform = serializers.ChoiceField(choices=Event.Platform.choices, required=False, default=Event.Platform.API)
 
 

@@ -148,11 +148,13 @@ def test_the_prompt_carries_the_current_experience_document(chat_session, model,
 
     prompt = prompt_assemble(session=chat_session, message_text="Can we deploy today?")
 
-    # The current version, its headings nested under the prompt's "## Experience" section.
+    # The current version, its headings nested under the prompt's "## Experience" section,
+    # quoted line by line (stored text: kinsite.prompt_safety).
     nested = current.replace("\n## ", "\n#### ").replace("# Master", "### Master").strip()
+    nested = "\n".join(f"> {line}" for line in nested.splitlines())
     section = experience_of(prompt)
     assert section.text == nested and section.tokens > 0
-    assert "#### 1. User Directives & Preferences\n- Maria wants bullet points." in section.text
+    assert "> #### 1. User Directives & Preferences\n> - Maria wants bullet points." in section.text
     assert f"## Experience\n\n{nested}" in prompt.messages[0]["content"]
     # The preview endpoint shows the same section.
     response = api_client.get(f"/api/v1/sessions/{chat_session.pk}/prompt/", {"message": "Can we deploy today?"})
@@ -172,4 +174,4 @@ def test_reading_the_experience_costs_no_extra_query(chat_session):
         ExperienceVersion.objects.create(kin=chat_session.kin, version=version, markdown=f"# Doc v{version}")
     assert queries() == without
     prompt = prompt_assemble(session=chat_session, message_text="")
-    assert experience_of(prompt).text == "### Doc v3"
+    assert experience_of(prompt).text == "> ### Doc v3"

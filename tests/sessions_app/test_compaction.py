@@ -251,7 +251,8 @@ def test_second_compaction_merges_the_first(session, llm):
     assert second.first_at == first_events[0].created_at
     assert second.last_at > first.last_at
     prompt = sent_prompt(llm)
-    assert FIRST_SUMMARY in prompt
+    # The previous summary is stored text: quoted, line by line (kinsite.prompt_safety).
+    assert "\n".join(f"> {line}" for line in FIRST_SUMMARY.splitlines()) in prompt
     assert "Merge it with the new transcript" in prompt
     assert "close resolved threads, add new ones, keep the rest" in prompt
     assert f"covers 2026-03-02T09:00:00+00:00 to {first.last_at.isoformat()} ({first.message_count} messages)" in prompt

@@ -32,7 +32,7 @@ def test_preview_is_what_the_turn_then_sends(api_client, chat_session, fake_llm)
     assert ids[:3] == ["identity", "instructions", "platforms"]
     assert ids[-2:] == ["current_source", "context"]
     memories = next(s for s in body["sections"] if s["id"] == "memories")
-    assert "★ [launch] Lena owns the launch checklist." in memories["text"]
+    assert "★ [fact] Lena owns the launch checklist. (subject: launch) — just now" in memories["text"]
     assert all(section["tokens"] > 0 for section in body["sections"])
     assert [(item["sender"], item["content"]) for item in body["history"]] == [
         ("Tom", "We launch on Monday."), ("Maria", "Who owns the launch checklist?"),
@@ -55,6 +55,17 @@ def test_preview_is_what_the_turn_then_sends(api_client, chat_session, fake_llm)
     strip_clock = lambda text: [line for line in text.splitlines() if not line.startswith(("Time:", "ISO timestamp:"))]
     assert strip_clock(sent[0]["content"]) == strip_clock(body["system_prompt"])
     assert sent[1:] == [item["sent"] for item in body["history"]]
+
+
+def test_the_context_block_uses_the_teams_time_zone(api_client, chat_session, team):
+    team.timezone = "Europe/Paris"
+    team.save(update_fields=["timezone"])
+
+    body = preview(api_client, chat_session, message="What time is it?").json()
+
+    context = next(s for s in body["sections"] if s["id"] == "context")["text"]
+    assert "Timezone: Europe/Paris" in context
+    assert "+01:00" in context or "+02:00" in context  # the ISO timestamp is Paris time
 
 
 def test_preview_history_respects_budget_and_compaction_boundary(api_client, chat_session, kin):
@@ -81,7 +92,7 @@ def test_preview_history_respects_budget_and_compaction_boundary(api_client, cha
     assert [c.split()[0] for c in contents[:-1]] == ["3", "4"]  # the newest that fit 1,000 tokens
     assert body["totals"]["history_tokens"] <= 1000
     sections = {s["id"]: s["text"] for s in body["sections"]}
-    assert sections["summary"] == "Earlier they discussed the old plan."
+    assert sections["summary"] == "> Earlier they discussed the old plan."
     assert "Visible messages: 3 of 9" in sections["conversation_state"]
     assert "Summarised messages: 3" in sections["conversation_state"]
     assert "search_history" in sections["conversation_state"]

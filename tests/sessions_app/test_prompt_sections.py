@@ -75,7 +75,7 @@ def test_section_tokens_count_the_rendered_block_and_sum_to_the_total():
     sections = build_sections(make_inputs(summary="Maria planned a trip."), count_tokens=count_tokens)
     summary = next(s for s in sections if s.id == "summary")
     assert summary.title == "Summary of earlier conversation"
-    assert summary.tokens == count_tokens("## Summary of earlier conversation\n\nMaria planned a trip.")
+    assert summary.tokens == count_tokens("## Summary of earlier conversation\n\n> Maria planned a trip.")
     assert total_tokens(sections) == sum(s.tokens for s in sections)
     assert abs(total_tokens(sections) - count_tokens(render_system_prompt(sections))) <= 2 * len(sections)
 
@@ -159,16 +159,23 @@ def test_three_memories_form_a_flat_list():
         memory(3, "knowledge", importance=10, subject="Python", age=timedelta(days=21)),
     ]
     assert sections_by_id(make_inputs(memories=memories))["memories"] == (
-        "- ★ [Maria] memory 1 (5m ago)\n"
-        "- memory 2 (3h ago)\n"
-        "- ★ [Python] memory 3 (3w ago)"
+        "★ = important (importance 7 or more).\n"
+        "- ★ [decision] memory 1 (subject: Maria) — 5m ago\n"
+        "- [fact] memory 2 — 3h ago\n"
+        "- ★ [knowledge] memory 3 (subject: Python) — 3w ago"
     )
 
 
 def test_star_marks_importance_seven_and_above_only():
     memories = [memory(1, importance=6), memory(2, importance=7)]
     text = sections_by_id(make_inputs(memories=memories))["memories"]
-    assert text.splitlines() == ["- memory 1 (2d ago)", "- ★ memory 2 (2d ago)"]
+    assert text.splitlines() == ["★ = important (importance 7 or more).", "- [fact] memory 1 — 2d ago",
+                                 "- ★ [fact] memory 2 — 2d ago"]
+
+
+def test_the_star_legend_is_left_out_when_nothing_is_starred():
+    text = sections_by_id(make_inputs(memories=[memory(1, "preference", subject="Maria")]))["memories"]
+    assert text == "- [preference] memory 1 (subject: Maria) — 2d ago"
 
 
 def test_more_than_three_memories_are_grouped_in_fixed_category_order():
@@ -179,29 +186,31 @@ def test_more_than_three_memories_are_grouped_in_fixed_category_order():
         memory(4, "fact", importance=9, age=timedelta(seconds=10)),
     ]
     assert sections_by_id(make_inputs(memories=memories))["memories"] == (
+        "★ = important (importance 7 or more).\n"
+        "\n"
         "### Facts\n"
-        "- [Maria] memory 3 (1y ago)\n"
-        "- ★ memory 4 (just now)\n"
+        "- [fact] memory 3 (subject: Maria) — 1y ago\n"
+        "- ★ [fact] memory 4 — just now\n"
         "\n"
         "### Decisions\n"
-        "- ★ memory 2 (2d ago)\n"
+        "- ★ [decision] memory 2 — 2d ago\n"
         "\n"
         "### Knowledge\n"
-        "- [Django] memory 1 (4mo ago)"
+        "- [knowledge] memory 1 (subject: Django) — 4mo ago"
     )
 
 
 def test_grouped_memories_keep_a_group_for_preferences():
     memories = [memory(i, "preference") for i in range(1, 5)]
     text = sections_by_id(make_inputs(memories=memories))["memories"]
-    assert text.startswith("### Preferences\n- memory 1 (2d ago)\n")
+    assert text.startswith("### Preferences\n- [preference] memory 1 — 2d ago\n")
     assert text.count("###") == 1
 
 
 def test_one_person_is_a_one_on_one_conversation():
     participants = [Participant("Maria", "telegram", 1, NOW - timedelta(minutes=5))]
     assert sections_by_id(make_inputs(participants=participants))["participants"] == (
-        "One-on-one conversation.\n"
+        "One-on-one conversation. You may be more detailed and personal than in a group.\n"
         "- Maria (telegram): 1 message, last active 5m ago"
     )
 
@@ -224,7 +233,7 @@ def test_two_people_are_a_group_conversation_with_guidance():
 def test_same_person_on_two_platforms_is_still_one_on_one():
     participants = [Participant("Maria", "telegram", 4, NOW), Participant("maria", "web", 1, NOW)]
     assert sections_by_id(make_inputs(participants=participants))["participants"].startswith(
-        "One-on-one conversation.\n"
+        "One-on-one conversation. You may be more detailed and personal than in a group.\n"
     )
 
 
@@ -246,17 +255,17 @@ def test_conversation_state_of_a_full_conversation_has_no_reminder():
     )
 
 
-def test_summary_and_canvas_and_experience_are_passed_through_trimmed():
+def test_summary_and_experience_are_quoted_and_the_canvas_kept_trimmed():
     texts = sections_by_id(make_inputs(summary="\nMaria planned a trip.\n", canvas=" Step 2 ", experience_markdown="# Lessons\n- be brief\n"))
-    assert texts["summary"] == "Maria planned a trip."
+    assert texts["summary"] == "> Maria planned a trip."
     assert texts["canvas"] == "Step 2"
-    assert texts["experience"] == "# Lessons\n- be brief"
+    assert texts["experience"] == "> # Lessons\n> - be brief"
 
 
 def test_working_memory_section_carries_description_then_working_memory():
     texts = sections_by_id(make_inputs(working_memory="Budget: 2000 EUR\nDates: May", description="Plan the Lisbon trip"))
-    assert texts["working_memory"] == "Session description: Plan the Lisbon trip\n\nBudget: 2000 EUR\nDates: May"
-    assert sections_by_id(make_inputs(working_memory="Budget: 2000 EUR"))["working_memory"] == "Budget: 2000 EUR"
+    assert texts["working_memory"] == "Session description: Plan the Lisbon trip\n\n> Budget: 2000 EUR\n> Dates: May"
+    assert sections_by_id(make_inputs(working_memory="Budget: 2000 EUR"))["working_memory"] == "> Budget: 2000 EUR"
     assert sections_by_id(make_inputs(description="Plan it"))["working_memory"] == "Session description: Plan it"
 
 

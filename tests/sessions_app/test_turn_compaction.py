@@ -41,7 +41,7 @@ def test_turn_past_the_threshold_compacts_and_the_next_prompt_carries_the_summar
 
     preview = api_client.get(f"/api/v1/sessions/{chat_session.pk}/prompt/", {"message": "What is still open?"})
     sections = {section["id"]: section["text"] for section in preview.json()["sections"]}
-    assert sections["summary"] == SUMMARY.strip()
+    assert sections["summary"] == "\n".join(f"> {line}" for line in SUMMARY.strip().splitlines())
     assert "search_history" in sections["conversation_state"]
     history_ids = [item["id"] for item in preview.json()["history"] if item["id"] is not None]
     assert summary.last_event_id not in history_ids

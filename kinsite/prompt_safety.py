@@ -1,0 +1,116 @@
+"""How stored, untrusted text is placed in a prompt (SPEC §13): names, messages, memories,
+facts, documents, notes, node labels. Pure functions; every prompt builder uses them.
+
+The rule, in three renderings:
+
+- `one_line(text)` for a field that belongs on one line (a sender or participant name, a
+  memory subject, a node label, a session description, a fact): every run of whitespace
+  and control characters (line breaks of every kind included) becomes one space, and the
+  text is capped. It can never begin a line of its own.
+- `quoted(text)` for material of several lines (the experience document, a summary, the
+  working memory, a memory's lines after its first, a transcript message's lines after
+  its first, via `continued`): every line starts with the quote marker "> ", so no line
+  of it begins at column 0 with a heading marker (`#`), a role label (`SYSTEM:`) or a
+  tag. The prompts say that quoted text is data.
+- `guarded(text)` for text that code composes around one-line fields (the canvas): its
+  lines are kept, but any line that begins with a heading marker or a role label is
+  quoted. With `keep_headings`, for a document the model is asked to rewrite in its own
+  format (the experience document in the consolidation prompt, whose canonical headings
+  the answer must repeat at column 0), headings stay and role-label lines are quoted; the
+  tag block around it cannot be closed (below).
+
+All three neutralise tag-like text: a "<" that opens a tag (`<events>`, `</memories>`,
+`<|im_start|>`) becomes "&lt;", so stored text can never close or open the tag blocks
+the background prompts put it in, whatever tag names an admin's template uses."""
+import re
+import unicodedata
+
+# "<" followed (after optional spaces) by what opens or closes a tag or a chat-template
+# token: a letter, "/", "!", "?" or "|". A "<" before a digit or a space ("a < 3") stays.
+_TAG_OPEN = re.compile(r"<(?=\s*[/!?|A-Za-z])")
+# Whitespace (str.split's notion: every Unicode space and line break, U+2028 and U+2029
+# included) and the C0/C1 control characters that are not whitespace.
+_SPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
+# Control characters other than the tab, once the text is cut into lines.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# A line that opens with a role or instruction label, after any indentation and Markdown
+# marks: "SYSTEM:", "- **Assistant**:", "[user]:", "## Developer:".
+_ROLE_LABEL = re.compile(
+    r"^[\s>#*_+\-\[(|`]*(system|assistant|user|developer|tool|function|human|ai|model|instructions?)"
+    r"[\s*_\])|`]*:",
+    re.IGNORECASE,
+)
+# A Markdown heading (ATX), after up to three spaces of indentation.
+_HEADING = re.compile(r"^ {0,3}#")
+QUOTE = "> "
+ELLIPSIS = "…"
+
+
+def escape_tags(text: str) -> str:
+    """`text` with every tag-opening "<" written as "&lt;"."""
+    return _TAG_OPEN.sub("&lt;", text) if "<" in text else text
+
+
+def one_line(text: str, max_chars: int | None = None) -> str:
+    """`text` as one line: whitespace and control characters collapsed to single spaces,
+    trimmed, tags escaped, cut to `max_chars` (ending in "…") when given."""
+    # The common case (a plain name) costs three C-level checks: prompts render hundreds.
+    if not (text.isprintable() and "<" not in text):
+        text = escape_tags(_SPACE_OR_CONTROL.sub(" ", text))
+    text = text.strip()
+    if max_chars is not None and len(text) > max_chars:
+        text = text[: max_chars - 1].rstrip() + ELLIPSIS
+    return text
+
+
+def _lines(text: str) -> list[str]:
+    # splitlines() breaks at every line separator (\r, \v, \f, \x1c-\x1e, \x85, U+2028,
+    # U+2029), so none survives inside a line to start a new one where a reader looks.
+    return [_CONTROL.sub("", line).rstrip() for line in escape_tags(text.strip()).splitlines()]
+
+
+def quoted(text: str, *, indent: str = "") -> str:
+    """`text` with every line prefixed by `indent` and the quote marker ("> "; a blank line
+    by ">" alone), tags escaped. "" stays ""."""
+    if not text.strip():
+        return ""
+    return "\n".join(f"{indent}{QUOTE}{line}" if line else f"{indent}{QUOTE.rstrip()}" for line in _lines(text))
+
+
+def guarded(text: str, *, keep_headings: bool = False) -> str:
+    """Text whose lines are kept as they are, tags escaped, except that a line beginning
+    with a role label, or with a heading marker unless `keep_headings`, is quoted. For
+    text composed by code around one-line fields (the canvas), and for a document the
+    model rewrites in its own format (`keep_headings`: its headings are that format)."""
+    return "\n".join(
+        QUOTE + line if _ROLE_LABEL.match(line) or (not keep_headings and _HEADING.match(line)) else line
+        for line in _lines(text)
+    )
+
+
+def continued(first: str, rest: str, *, indent: str = "  ") -> str:
+    """A line made of a fixed prefix (`first`) and untrusted text of one or more lines:
+    its first line stays on the prefix's line, the others follow quoted and indented."""
+    lines = _lines(rest)
+    line = first + (one_line(lines[0]) if lines else "")
+    if len(lines) < 2:
+        return line
+    return line + "\n" + quoted("\n".join(lines[1:]), indent=indent)
+
+
+def unsafe_characters(text: str) -> list[str]:
+    """The characters that keep `text` from being one line (control characters, tabs and
+    line breaks included, and the Unicode line and paragraph separators), each once, as
+    escapes ("\\n"), for an error message. [] when there are none."""
+    found = dict.fromkeys(ch for ch in text if unicodedata.category(ch) in ("Cc", "Zl", "Zp"))
+    return [ch.encode("unicode_escape").decode("ascii") for ch in found]
+
+
+def one_line_problem(text: str) -> str | None:
+    """Why `text` cannot be a one-line name (a sender), or None: the message a form or
+    serializer answers with. Edges refuse such names rather than change them silently."""
+    found = unsafe_characters(text)
+    if not found:
+        return None
+    return ("Must be one line: no line breaks, tabs or other control characters "
+            f"(found {', '.join(found)}).")
