@@ -342,7 +342,7 @@ def test_import_into_summarised_time_schedules_a_fold_that_keeps_the_boundary(
     assert second.message_count == first.message_count + 1
     prompt = sent_prompt(llm)
     assert f"[2026-03-02T08:55:00+00:00] Tom: {LATE_TEXT}" in prompt
-    assert FIRST_SUMMARY in prompt
+    assert "\n".join(f"> {line}" for line in FIRST_SUMMARY.splitlines()) in prompt  # merged, quoted as stored text
     assert f"Covered by the summary you write: 2026-03-02T08:55:00+00:00 to {first.last_at.isoformat()}" in prompt
     counts = conversation_counts(session)
     assert counts["visible"] + counts["summarised"] == counts["total"] and counts["unfolded"] == 0
