@@ -3,13 +3,13 @@ from django.contrib import admin, messages
 
 from consolidation.models import ConsolidationRun
 from consolidation.services import ConsolidationBusy, consolidation_run
-from kinsite.admin_mixins import ReadOnlyAdminMixin
+from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from sessions_app.introspection import IntrospectionDisabled, introspection_request
 from sessions_app.models import Event, IntrospectionRun, Kin, MessageCount, Session, Summary, Turn
 
 
 @admin.register(Kin)
-class KinAdmin(admin.ModelAdmin):
+class KinAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "team", "role", "model", "parent", "created_at"]
     list_filter = ["team"]
     search_fields = ["name", "role"]
@@ -34,7 +34,7 @@ class KinAdmin(admin.ModelAdmin):
             self.message_user(request, f"{kin.name}: {outcome}.", level)
 
 
-class MessageCountInline(admin.TabularInline):
+class MessageCountInline(TeamScopedAdminMixin, admin.TabularInline):
     """The session's message counts per participant, as the database keeps them
     (triggers, migration 0008): shown, never edited."""
 
@@ -52,7 +52,7 @@ class MessageCountInline(admin.TabularInline):
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
+class SessionAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["id", "title", "kin", "last_activity_at", "introspection_pending", "created_at"]
     list_filter = ["kin__team"]
     search_fields = ["title", "description"]
@@ -77,7 +77,7 @@ class SessionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class EventAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "session", "kind", "role", "sender", "platform", "external_id", "token_count", "created_at"]
     list_filter = ["kind", "role", "platform"]
     search_fields = ["content", "sender", "external_id"]
@@ -86,7 +86,7 @@ class EventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(MessageCount)
-class MessageCountAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class MessageCountAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["session", "role", "sender", "platform", "message_count", "last_at"]
     list_filter = ["role", "platform"]
     search_fields = ["sender"]
@@ -94,7 +94,7 @@ class MessageCountAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Turn)
-class TurnAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class TurnAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "session", "status", "is_async", "attempts", "tool_calls", "prompt_tokens", "tokens_in", "tokens_out", "created_at", "finished_at"]
     list_filter = ["status", "is_async"]
     search_fields = ["error"]
@@ -102,14 +102,14 @@ class TurnAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Summary)
-class SummaryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class SummaryAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "session", "message_count", "first_at", "last_at", "token_count", "created_at"]
     search_fields = ["content"]
     list_select_related = ["session"]
 
 
 @admin.register(IntrospectionRun)
-class IntrospectionRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class IntrospectionRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "session", "trigger", "status", "event_count", "tokens_in", "tokens_out", "duration_ms", "created_at"]
     list_filter = ["status", "trigger"]
     search_fields = ["summary", "error"]
