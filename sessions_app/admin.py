@@ -1,4 +1,5 @@
 """Admin for kins, sessions and the event store (events are read-only: history is never rewritten)."""
+from django import forms
 from django.contrib import admin, messages
 
 from consolidation.models import ConsolidationRun
@@ -6,10 +7,34 @@ from consolidation.services import ConsolidationBusy, consolidation_run
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from sessions_app.introspection import IntrospectionDisabled, introspection_request
 from sessions_app.models import Event, IntrospectionRun, Kin, MessageCount, Session, Summary, Turn
+from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, overrides_errors
+
+
+class KinAdminForm(forms.ModelForm):
+    """The same bounds as the API (sessions_app.overrides)."""
+
+    history_token_budget = forms.IntegerField(
+        required=False, min_value=HISTORY_TOKEN_BUDGET_RANGE.low, max_value=HISTORY_TOKEN_BUDGET_RANGE.high,
+        help_text="Tokens of history in a prompt; empty: HISTORY_TOKEN_BUDGET.",
+    )
+
+    class Meta:
+        model = Kin
+        fields = "__all__"
+
+    def clean_overrides(self):
+        overrides = self.cleaned_data.get("overrides")
+        if overrides is None:
+            return {}  # an emptied box: no overrides (the column is not nullable)
+        errors = overrides_errors(overrides)
+        if errors:
+            raise forms.ValidationError(errors)
+        return overrides
 
 
 @admin.register(Kin)
 class KinAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
+    form = KinAdminForm
     list_display = ["name", "team", "role", "model", "parent", "created_at"]
     list_filter = ["team"]
     search_fields = ["name", "role"]
