@@ -82,3 +82,14 @@ def test_a_malformed_proxy_header_setting_is_refused(tmp_path):
 def test_the_upload_limit_comes_from_the_environment(tmp_path):
     assert setting("DATA_UPLOAD_MAX_MEMORY_SIZE", tmp_path, DEBUG="true") == str(10 * 1024 * 1024)
     assert setting("DATA_UPLOAD_MAX_MEMORY_SIZE", tmp_path, DEBUG="true", DATA_UPLOAD_MAX_MEMORY_SIZE="2000") == "2000"
+
+
+@pytest.mark.django_db
+def test_the_ssl_redirect_spares_the_health_check(client, settings):
+    settings.SECURE_SSL_REDIRECT = True
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+    assert client.get("/api/v1/kins/").status_code == 301
+    assert client.get("/api/v1/kins/", HTTP_X_FORWARDED_PROTO="https").status_code == 401
+    # Load balancers probe over plain HTTP: a redirect would read as "down".
+    assert client.get("/healthz").status_code in (200, 503)
