@@ -242,10 +242,14 @@ class OpenAICompatibleProvider:
     def _redact(self, text: str) -> str:
         """Text from the endpoint or the network library, without the endpoint's address (a proxy
         may echo it in its error)."""
-        host = httpx.URL(self.base_url).netloc.decode("ascii", "replace") if self.base_url else ""
-        for secret in (self.base_url, host):
-            if secret:
-                text = text.replace(secret, "…")
+        if not self.base_url:
+            return text
+        url = httpx.URL(self.base_url)
+        text = text.replace(self.base_url, "…")
+        # Then host:port and the bare host, as whole names only ("llm" the host, not "llm_error").
+        for name in (url.netloc.decode("ascii", "replace"), url.host):
+            if name:
+                text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", "…", text)
         return text
 
     def _post(self, url: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
