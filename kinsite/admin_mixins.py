@@ -4,7 +4,9 @@ import functools
 
 from django.contrib import admin
 from django.contrib.admin.utils import get_fields_from_path
+from django.contrib.admin.widgets import ForeignKeyRawIdWidget
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Q
 
 
@@ -76,6 +78,24 @@ class TeamScopedRelatedFilter(admin.RelatedFieldListFilter):
                                  limit_choices_to=scope_q(field.related_model, request.user))
 
 
+class ScopedRawIdWidget(ForeignKeyRawIdWidget):
+    """A raw-id box labels the id it holds with the object's name, read from the whole table:
+    posted back with another team's id, it would name that team's object. Only ids of the
+    field's (scoped) choices get a label."""
+
+    def __init__(self, *args, choices, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scoped_choices = choices
+
+    def label_and_url_for_value(self, value):
+        key = self.rel.get_related_field().name
+        try:
+            visible = self.scoped_choices.filter(**{key: value}).exists()
+        except (ValueError, TypeError, DjangoValidationError):
+            visible = False
+        return super().label_and_url_for_value(value) if visible else ("", "")
+
+
 class TeamScopedAdminMixin:
     """Staff who are not superusers see, open and choose only their teams' rows (SPEC §3):
     the list and every object page (another team's id answers like a missing one), the
@@ -91,7 +111,12 @@ class TeamScopedAdminMixin:
             if queryset is None:
                 queryset = db_field.remote_field.model._default_manager.all()
             kwargs["queryset"] = scoped(queryset, request.user)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+        formfield = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if formfield is not None and type(formfield.widget) is ForeignKeyRawIdWidget:
+            widget = formfield.widget
+            formfield.widget = ScopedRawIdWidget(widget.rel, widget.admin_site, attrs=widget.attrs,
+                                                 using=widget.db, choices=formfield.queryset)
+        return formfield
 
     def get_list_filter(self, request):
         filters = []

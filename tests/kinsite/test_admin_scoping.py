@@ -126,6 +126,30 @@ def test_staff_choose_only_their_teams_rows_in_forms(model, client, staff, rows)
         assert "xylophone" not in response.content.decode() and "Borealis" not in response.content.decode()
 
 
+RAW_ID_CASES = [(model, name) for model, model_admin in admin.site._registry.items()
+                for name in model_admin.raw_id_fields]
+
+
+@pytest.mark.parametrize(("model", "field_name"), RAW_ID_CASES, ids=lambda v: getattr(v, "__name__", v))
+def test_a_raw_id_of_another_team_shows_nothing_of_it(model, field_name, client, staff, rows):
+    """A raw-id box labels the id it holds with the object's name: posted back with another
+    team's id, the form says the choice is invalid and names nothing."""
+    client.force_login(staff)
+    related = model._meta.get_field(field_name).related_model
+    foreign = rows_of(related, rows["other"]).first()
+    for url in (admin_url(model, "change", rows_of(model, rows["own"]).first().pk), admin_url(model, "add")):
+        response = client.post(url, {field_name: foreign.pk})
+        if response.status_code == 403:  # read-only: no form
+            continue
+        assert response.status_code == 200, (url, response.status_code)
+        assert field_name in response.context["adminform"].form.errors
+        assert "xylophone" not in response.content.decode()
+    own = rows_of(model, rows["own"]).first()
+    if getattr(own, field_name) is not None:  # the team's own object is still labelled
+        page = client.get(admin_url(model, "change", own.pk)).content.decode()
+        assert f">{getattr(own, field_name)}</a>" in page
+
+
 @pytest.mark.parametrize(("model_name", "field_name"), [("membership", "team"), ("membership", "user")])
 def test_autocompletes_offer_only_the_staff_users_teams(model_name, field_name, client, staff, rows):
     client.force_login(staff)
