@@ -30,6 +30,8 @@ class ThrowawayDatabase:
 
     def __enter__(self):
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kinsite.settings")
+        # Benchmarks run with DEBUG off (as deployed); the settings then refuse the built-in key.
+        os.environ.setdefault("SECRET_KEY", "kinsite-bench-only-secret-key-not-for-deployments")
         if not self.url:
             self.tempdir = tempfile.TemporaryDirectory(prefix="kinsite-bench-")
             os.environ["KINSITE_DATA_DIR"] = self.tempdir.name

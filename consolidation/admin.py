@@ -7,13 +7,13 @@ from django.contrib import admin
 
 from consolidation import services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
-from kinsite.admin_mixins import ReadOnlyAdminMixin
+from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 
 FACT_ADD_FIELDS = ["kin", "statement", "category"]
 
 
 @admin.register(Fact)
-class FactAdmin(admin.ModelAdmin):
+class FactAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["id", "kin", "category", "short_statement", "source", "status", "is_consolidated", "created_at"]
     list_filter = ["status", "is_consolidated", "category", "source"]
     search_fields = ["statement", "source_ref"]
@@ -52,7 +52,7 @@ class FactAdmin(admin.ModelAdmin):
 
 
 @admin.register(ConsolidationRun)
-class ConsolidationRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ConsolidationRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "kin", "trigger", "status", "night", "word_count", "tokens_in", "tokens_out", "created_at"]
     list_filter = ["status", "trigger"]
     search_fields = ["summary_of_changes", "error"]
@@ -60,7 +60,7 @@ class ConsolidationRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(ExperienceVersion)
-class ExperienceVersionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ExperienceVersionAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "kin", "version", "word_count", "created_at"]
     search_fields = ["markdown"]
     list_select_related = ["kin"]

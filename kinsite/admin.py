@@ -1,9 +1,12 @@
-"""Admin for teams, memberships, API tokens, the LLM call log (read-only) and prompt templates."""
+"""Admin for users, teams, memberships, API tokens, the LLM call log (read-only) and prompt
+templates. Every admin here and in the apps is team-scoped (kinsite.admin_mixins)."""
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.utils.html import format_html, format_html_join
 
-from kinsite.admin_mixins import ReadOnlyAdminMixin
+from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from kinsite.models import ApiToken, LLMCall, Membership, PromptTemplate, Team
 from kinsite.prompt_templates import (
     KINDS,
@@ -16,29 +19,43 @@ from kinsite.prompt_templates import (
 from kinsite.services import api_token_issue, api_token_revoke
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(TeamScopedAdminMixin, admin.TabularInline):
     model = Membership
     extra = 0
     autocomplete_fields = ["user"]
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "slug", "timezone", "created_at"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline]
 
+    def has_add_permission(self, request):
+        # A new team has no members, so a staff user who is not a superuser would lose sight of it.
+        return request.user.is_superuser and super().has_add_permission(request)
+
+
+# Django's own User admin, scoped: staff who are not superusers see their teams' members
+# (and people in no team yet), not every team's.
+admin.site.unregister(get_user_model())
+
+
+@admin.register(get_user_model())
+class TeamScopedUserAdmin(TeamScopedAdminMixin, UserAdmin):
+    pass
+
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["user", "team", "role", "created_at"]
     list_filter = ["role", "team"]
     autocomplete_fields = ["user", "team"]
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     """Tokens are issued here (the raw value is shown once, in a message) and revoked
     with an action; the digest itself is never editable."""
 
@@ -66,7 +83,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 
 @admin.register(LLMCall)
-class LLMCallAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class LLMCallAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["created_at", "team", "kin", "purpose", "provider", "model", "tokens_in", "tokens_out", "latency_ms", "attempts", "status"]
     list_filter = ["status", "purpose", "provider"]
     search_fields = ["model", "error"]
@@ -124,7 +141,7 @@ class PromptTemplateForm(forms.ModelForm):
 
 
 @admin.register(PromptTemplate)
-class PromptTemplateAdmin(admin.ModelAdmin):
+class PromptTemplateAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     """Templates are edited, previewed and (de)activated here; they are not deleted, because
     audit rows (consolidation runs) name the template they used: deactivate instead."""
 

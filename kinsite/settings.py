@@ -1,17 +1,52 @@
 """Kinsite settings. Everything comes from the environment (see .env.example);
 with nothing set, the service runs on SQLite with eager Celery."""
+import sys
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from kinsite.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = env_str("SECRET_KEY", "dev-insecure-change-me")
+DEVELOPMENT_SECRET_KEY = "dev-insecure-change-me"
+SECRET_KEY = env_str("SECRET_KEY", "") or DEVELOPMENT_SECRET_KEY
 DEBUG = env_bool("DEBUG", False)
+# pytest-django loads these settings in the test process itself: a test run, not a
+# deployment (the processes tests start get a key from tests/conftest.py).
+_TEST_RUN = "pytest_django" in sys.modules
+if SECRET_KEY == DEVELOPMENT_SECRET_KEY and not DEBUG and not _TEST_RUN:
+    # Everyone knows the built-in key: with it, anyone can forge session cookies and
+    # signed values. Refuse to start rather than run a deployment with it.
+    raise ImproperlyConfigured(
+        "SECRET_KEY is not set, so Kinsite would use its built-in development key, which is public. "
+        "Set SECRET_KEY to a long random string, the same on every machine (e.g. the output of "
+        "python -c 'import secrets; print(secrets.token_urlsafe(50))'), or set DEBUG=true for "
+        "local development only."
+    )
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# --- HTTPS (README "Deployment"): all off by default, so plain-HTTP runs (scripts/serve,
+# a gunicorn on a private network) work; a deployment behind TLS turns them on.
+# The TLS proxy's header saying the request came over HTTPS, "HEADER,value", e.g.
+# "HTTP_X_FORWARDED_PROTO,https". Only set it when the proxy always sets (or strips) that
+# header: otherwise a client could claim HTTPS itself.
+_proxy_header = env_list("SECURE_PROXY_SSL_HEADER", [])
+if _proxy_header and len(_proxy_header) != 2:
+    raise ImproperlyConfigured(
+        "SECURE_PROXY_SSL_HEADER must be a header and its value, comma-separated: HTTP_X_FORWARDED_PROTO,https"
+    )
+SECURE_PROXY_SSL_HEADER = tuple(_proxy_header) or None
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+# Load balancers probe health over plain HTTP; a redirect would read as "down".
+SECURE_REDIRECT_EXEMPT = [r"^healthz/?$"]
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -170,7 +205,7 @@ LOGOUT_REDIRECT_URL = "login"
 # --- API ------------------------------------------------------------------------
 # The largest request body (API bodies answer 413 over it, dashboard forms 400). Django's
 # 2.5 MB default is too tight for an import of 1,000 messages (SPEC §11) of a few kB each.
-DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["kinsite.api.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["kinsite.api.auth.IsTeamMember"],

@@ -8,7 +8,7 @@ and the dashboard do) and never hard-deletes one: that would erase its history.
 everywhere else."""
 from django.contrib import admin, messages
 
-from kinsite.admin_mixins import ReadOnlyAdminMixin
+from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from memories import services
 from memories.models import Memory, MemoryChange
 
@@ -17,7 +17,7 @@ def _actor(request) -> services.Actor:
     return services.Actor(label=f"user:{request.user.get_username()}", user=request.user)
 
 
-class MemoryChangeInline(ReadOnlyAdminMixin, admin.TabularInline):
+class MemoryChangeInline(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.TabularInline):
     model = MemoryChange
     extra = 0
     fields = ["created_at", "action", "actor", "reason", "before", "after"]
@@ -26,7 +26,7 @@ class MemoryChangeInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 @admin.register(Memory)
-class MemoryAdmin(admin.ModelAdmin):
+class MemoryAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["id", "short_content", "team", "kin", "category", "subject", "importance", "status", "source", "updated_at"]
     list_filter = ["status", "category", "source", "team"]
     search_fields = ["content", "subject", "source_ref"]
@@ -74,7 +74,7 @@ class MemoryAdmin(admin.ModelAdmin):
 
 
 @admin.register(MemoryChange)
-class MemoryChangeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class MemoryChangeAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "memory", "action", "actor", "created_at"]
     list_filter = ["action"]
     search_fields = ["actor", "reason"]

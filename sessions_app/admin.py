@@ -1,15 +1,40 @@
 """Admin for kins, sessions and the event store (events are read-only: history is never rewritten)."""
+from django import forms
 from django.contrib import admin, messages
 
 from consolidation.models import ConsolidationRun
 from consolidation.services import ConsolidationBusy, NothingToConsolidate, consolidation_run
-from kinsite.admin_mixins import ReadOnlyAdminMixin
+from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from sessions_app.introspection import IntrospectionDisabled, introspection_request
 from sessions_app.models import Event, IntrospectionRun, Kin, MessageCount, Session, Summary, Turn
+from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, overrides_errors
+
+
+class KinAdminForm(forms.ModelForm):
+    """The same bounds as the API (sessions_app.overrides)."""
+
+    history_token_budget = forms.IntegerField(
+        required=False, min_value=HISTORY_TOKEN_BUDGET_RANGE.low, max_value=HISTORY_TOKEN_BUDGET_RANGE.high,
+        help_text="Tokens of history in a prompt; empty: HISTORY_TOKEN_BUDGET.",
+    )
+
+    class Meta:
+        model = Kin
+        fields = "__all__"
+
+    def clean_overrides(self):
+        overrides = self.cleaned_data.get("overrides")
+        if overrides is None:
+            return {}  # an emptied box: no overrides (the column is not nullable)
+        errors = overrides_errors(overrides)
+        if errors:
+            raise forms.ValidationError(errors)
+        return overrides
 
 
 @admin.register(Kin)
-class KinAdmin(admin.ModelAdmin):
+class KinAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
+    form = KinAdminForm
     list_display = ["name", "team", "role", "model", "parent", "created_at"]
     list_filter = ["team"]
     search_fields = ["name", "role"]
@@ -37,7 +62,7 @@ class KinAdmin(admin.ModelAdmin):
             self.message_user(request, f"{kin.name}: {outcome}.", level)
 
 
-class MessageCountInline(admin.TabularInline):
+class MessageCountInline(TeamScopedAdminMixin, admin.TabularInline):
     """The session's message counts per participant, as the database keeps them
     (triggers, migration 0008): shown, never edited."""
 
@@ -55,7 +80,7 @@ class MessageCountInline(admin.TabularInline):
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
+class SessionAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["id", "title", "kin", "last_activity_at", "introspection_pending", "created_at"]
     list_filter = ["kin__team"]
     search_fields = ["title", "description"]
@@ -80,7 +105,7 @@ class SessionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class EventAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "session", "kind", "role", "sender", "platform", "external_id", "token_count", "created_at"]
     list_filter = ["kind", "role", "platform"]
     search_fields = ["content", "sender", "external_id"]
@@ -89,7 +114,7 @@ class EventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(MessageCount)
-class MessageCountAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class MessageCountAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["session", "role", "sender", "platform", "message_count", "last_at"]
     list_filter = ["role", "platform"]
     search_fields = ["sender"]
@@ -97,7 +122,7 @@ class MessageCountAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Turn)
-class TurnAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class TurnAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "session", "status", "is_async", "attempts", "tool_calls", "prompt_tokens", "tokens_in", "tokens_out", "created_at", "finished_at"]
     list_filter = ["status", "is_async"]
     search_fields = ["error"]
@@ -105,14 +130,14 @@ class TurnAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Summary)
-class SummaryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class SummaryAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "session", "message_count", "first_at", "last_at", "token_count", "created_at"]
     search_fields = ["content"]
     list_select_related = ["session"]
 
 
 @admin.register(IntrospectionRun)
-class IntrospectionRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class IntrospectionRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "session", "trigger", "status", "event_count", "tokens_in", "tokens_out", "duration_ms", "created_at"]
     list_filter = ["status", "trigger"]
     search_fields = ["summary", "error"]

@@ -49,6 +49,7 @@ from sessions_app.introspection_tools import (
     memory_write_apply,
 )
 from sessions_app.models import Event, IntrospectionRun, Kin, Session
+from sessions_app.overrides import OVERRIDE_RULES
 
 logger = logging.getLogger(__name__)
 
@@ -105,26 +106,25 @@ class IntrospectionSettings:
     model: str | None  # None: the kin's model
 
 
-def _override(value: Any, default: Any) -> Any:
-    # Overrides are admin-entered JSON: a value of the wrong type is ignored, not trusted.
-    if isinstance(default, bool):
-        return value if isinstance(value, bool) else default
-    if isinstance(default, int):
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
-    return value
-
-
 def introspection_settings(kin: Kin) -> IntrospectionSettings:
     """settings.INTROSPECTION with the kin's overrides (Kin.overrides["introspection"])."""
     base = settings.INTROSPECTION
     overrides = (kin.overrides or {}).get("introspection")
     overrides = overrides if isinstance(overrides, dict) else {}
-    model = overrides.get("model", base.get("model"))
+    rules = OVERRIDE_RULES["introspection"]
+
+    def pick(key: str, default: Any) -> Any:
+        # Saves check the bounds (sessions_app.overrides); a row stored before they did, or
+        # written around them, may not: a value out of bounds is ignored, not trusted.
+        value = overrides.get(key)
+        return value if key in overrides and rules[key].error(value) is None else default
+
+    model = pick("model", base.get("model"))
     return IntrospectionSettings(
-        enabled=_override(overrides.get("enabled"), bool(base.get("enabled", True))),
-        turn_interval=_override(overrides.get("turn_interval"), int(base.get("turn_interval", 5))),
-        idle_timeout_minutes=_override(overrides.get("idle_timeout_minutes"), int(base.get("idle_timeout_minutes", 10))),
-        max_tool_calls=_override(overrides.get("max_tool_calls"), int(base.get("max_tool_calls", 10))),
+        enabled=pick("enabled", bool(base.get("enabled", True))),
+        turn_interval=pick("turn_interval", int(base.get("turn_interval", 5))),
+        idle_timeout_minutes=pick("idle_timeout_minutes", int(base.get("idle_timeout_minutes", 10))),
+        max_tool_calls=pick("max_tool_calls", int(base.get("max_tool_calls", 10))),
         model=model if isinstance(model, str) and model.strip() else None,
     )
 

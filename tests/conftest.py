@@ -1,4 +1,5 @@
 """Fixtures shared by the whole suite."""
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -9,6 +10,10 @@ from kinsite.llm.providers import OpenAICompatibleProvider, provider_override
 from kinsite.services import api_token_issue
 from tests.factories import KinFactory, MembershipFactory, SessionFactory, TeamFactory, UserFactory
 from tests.support.fake_openai import FakeOpenAIServer, fake_openai_server
+
+# The processes tests start (gunicorn, Celery workers, manage.py) inherit this environment;
+# with DEBUG off, the settings refuse to start on the built-in development key.
+os.environ.setdefault("SECRET_KEY", "kinsite-tests-only-secret-key-not-for-deployments")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,11 +1,11 @@
 """Admin for workflows (editable: nodes and edges inline) and their runs and results (read-only)."""
 from django.contrib import admin
 
-from kinsite.admin_mixins import ReadOnlyAdminMixin
+from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from workflows.models import Edge, Node, NodeResult, NodeRun, Workflow, WorkflowRun
 
 
-class NodeInline(admin.TabularInline):
+class NodeInline(TeamScopedAdminMixin, admin.TabularInline):
     model = Node
     extra = 0
     fields = ["client_id", "type", "label", "status", "records_in", "records_out", "results_version"]
@@ -13,7 +13,7 @@ class NodeInline(admin.TabularInline):
 
 
 @admin.register(Workflow)
-class WorkflowAdmin(admin.ModelAdmin):
+class WorkflowAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["id", "name", "team", "updated_at"]
     list_filter = ["team"]
     search_fields = ["name", "description"]
@@ -21,7 +21,7 @@ class WorkflowAdmin(admin.ModelAdmin):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["id", "client_id", "type", "label", "workflow", "status", "records_in", "records_out"]
     list_filter = ["type", "status"]
     search_fields = ["client_id", "label"]
@@ -30,25 +30,25 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Edge)
-class EdgeAdmin(admin.ModelAdmin):
+class EdgeAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["id", "workflow", "source", "target", "kind"]
     list_select_related = ["workflow", "source", "target"]
     raw_id_fields = ["source", "target"]
 
 
 @admin.register(NodeResult)
-class NodeResultAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class NodeResultAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "node", "version", "created_at"]
     list_select_related = ["node"]
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class WorkflowRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "workflow", "status", "created_at", "finished_at"]
     list_filter = ["status"]
 
 
 @admin.register(NodeRun)
-class NodeRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class NodeRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "run", "node", "wave", "status", "records_in", "records_out"]
     list_filter = ["status"]

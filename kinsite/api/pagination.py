@@ -1,6 +1,13 @@
 """Cursor pagination for every list endpoint."""
+from base64 import b64decode
+
+from django.core.exceptions import FieldDoesNotExist, ValidationError as DjangoValidationError
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination
+
+
+class InvalidCursor(ValidationError):
+    default_code = "invalid_cursor"
 
 
 class DefaultCursorPagination(CursorPagination):
@@ -9,12 +16,35 @@ class DefaultCursorPagination(CursorPagination):
     page_size_query_param = "limit"
     max_page_size = 500
 
+    def paginate_queryset(self, queryset, request, view=None):
+        self._model = queryset.model  # decode_cursor checks the position against its ordering field
+        return super().paginate_queryset(queryset, request, view)
+
     def decode_cursor(self, request):
         # DRF answers 404 for a cursor it cannot decode; it is a bad parameter, not a missing object.
         try:
-            return super().decode_cursor(request)
-        except NotFound:
-            raise ValidationError({self.cursor_query_param: ["Invalid cursor: pass back a `next` or `previous` link."]})
+            encoded = request.query_params.get(self.cursor_query_param)
+            if encoded is not None:
+                # DRF's lenient decoding skips stray characters, reading "%%%" as the first page.
+                b64decode(encoded.encode("ascii"), validate=True)
+            cursor = super().decode_cursor(request)
+        except (ValueError, NotFound):  # ValueError: binascii.Error and UnicodeError included
+            raise self._invalid()
+        if cursor is not None and cursor.position is not None:
+            # DRF filters by the position as given, so one that is no value of the ordering
+            # field (p=abc for an id or a date-time) would fail in the query: a 500.
+            try:
+                field = self._model._meta.get_field(self.ordering[0].lstrip("-"))
+            except FieldDoesNotExist:  # an annotation: nothing to check it against
+                return cursor
+            try:
+                field.to_python(cursor.position)
+            except (DjangoValidationError, ValueError, TypeError, OverflowError):
+                raise self._invalid()
+        return cursor
+
+    def _invalid(self):
+        return InvalidCursor({self.cursor_query_param: ["Invalid cursor: pass back a `next` or `previous` link."]})
 
 
 class ChronologicalCursorPagination(DefaultCursorPagination):

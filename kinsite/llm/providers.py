@@ -5,6 +5,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import logging
 import math
 import re
 import time
@@ -26,6 +27,8 @@ from kinsite.llm.types import (
     ToolCall,
 )
 from kinsite.tokencount import count_tokens
+
+logger = logging.getLogger(__name__)
 
 RETRY_AFTER_CAP_SECONDS = 30.0
 # Rate limits and server errors are worth another try; any other 4xx will fail the same way again.
@@ -156,9 +159,11 @@ class OpenAICompatibleProvider:
             payload["response_format"] = {"type": "json_object"}
         if temperature is not None:
             payload["temperature"] = temperature
-        url = f"{self.base_url}/chat/completions"
-        body, attempts = self._post(url, payload)
+        with self._logged("/chat/completions") as url:
+            body, attempts = self._post(url, payload)
+            return self._chat_result(body, attempts, messages=messages, model=model, json_mode=json_mode)
 
+    def _chat_result(self, body, attempts, *, messages, model, json_mode) -> ChatResult:
         try:
             choice = body["choices"][0]
             message = choice["message"]
@@ -167,12 +172,13 @@ class OpenAICompatibleProvider:
             tool_calls = [self._parse_tool_call(raw, index) for index, raw in enumerate(raw_calls)]
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise LLMBadResponse(
-                f"The model endpoint at {url} answered without a usable choice ({exc!r}): {json.dumps(body)[:300]}",
+                f"The model endpoint at …/chat/completions answered without a usable choice ({exc!r}): "
+                f"{self._redact(json.dumps(body)[:300])}",
                 attempts=attempts,
             )
         if json_mode and not tool_calls:
             try:
-                content = check_json_answer(content, source=f"The model at {url}")
+                content = check_json_answer(content, source="The model at …/chat/completions")
             except LLMBadResponse as exc:
                 exc.attempts = attempts
                 raise
@@ -197,20 +203,21 @@ class OpenAICompatibleProvider:
             raise LLMError("No embedding model is configured: set LLM_EMBEDDING_MODEL to use embeddings.")
         if not texts:
             return EmbeddingResult(vectors=[], model=model, tokens_in=0, attempts=0)
-        url = f"{self.base_url}/embeddings"
-        body, attempts = self._post(url, {"model": model, "input": texts})
-        try:
-            rows = sorted(body["data"], key=lambda row: row.get("index", 0))
-            vectors = [[float(x) for x in row["embedding"]] for row in rows]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise LLMBadResponse(
-                f"The embeddings endpoint at {url} answered without usable vectors ({exc!r}).", attempts=attempts
-            )
-        if len(vectors) != len(texts):
-            raise LLMBadResponse(
-                f"The embeddings endpoint at {url} returned {len(vectors)} vectors for {len(texts)} texts.",
-                attempts=attempts,
-            )
+        with self._logged("/embeddings") as url:
+            body, attempts = self._post(url, {"model": model, "input": texts})
+            try:
+                rows = sorted(body["data"], key=lambda row: row.get("index", 0))
+                vectors = [[float(x) for x in row["embedding"]] for row in rows]
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise LLMBadResponse(
+                    f"The embeddings endpoint at …/embeddings answered without usable vectors ({exc!r}).",
+                    attempts=attempts,
+                )
+            if len(vectors) != len(texts):
+                raise LLMBadResponse(
+                    f"The embeddings endpoint at …/embeddings returned {len(vectors)} vectors for {len(texts)} texts.",
+                    attempts=attempts,
+                )
         usage = body.get("usage") or {}
         tokens_in = _int_or(usage.get("prompt_tokens"), lambda: sum(count_tokens(t) for t in texts))
         return EmbeddingResult(vectors=vectors, model=model, tokens_in=tokens_in, attempts=attempts)
@@ -219,6 +226,31 @@ class OpenAICompatibleProvider:
         self._client.close()
 
     # -- transport --
+
+    @contextlib.contextmanager
+    def _logged(self, path: str) -> Iterator[str]:
+        """The endpoint's URL, for one call; a failure is logged with it. The error itself names
+        only the path: its message reaches API bodies and the dashboard (through the turn's
+        stored error), and where the model lives is the operator's business, not the caller's."""
+        url = f"{self.base_url}{path}"
+        try:
+            yield url
+        except LLMError as exc:
+            logger.warning("Model call to %s failed: %s", url, exc.message)
+            raise
+
+    def _redact(self, text: str) -> str:
+        """Text from the endpoint or the network library, without the endpoint's address (a proxy
+        may echo it in its error)."""
+        if not self.base_url:
+            return text
+        url = httpx.URL(self.base_url)
+        text = text.replace(self.base_url, "…")
+        # Then host:port and the bare host, as whole names only ("llm" the host, not "llm_error").
+        for name in (url.netloc.decode("ascii", "replace"), url.host):
+            if name:
+                text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", "…", text)
+        return text
 
     def _post(self, url: str, payload: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """POST with bounded retries; returns the decoded body and the number of attempts made."""
@@ -230,7 +262,7 @@ class OpenAICompatibleProvider:
             except httpx.TimeoutException:
                 if last:
                     raise LLMTimeout(
-                        f"The model endpoint at {url} did not answer within {self.timeout:g} s "
+                        f"The model endpoint at {self._where(url)} did not answer within {self.timeout:g} s "
                         f"({_attempts(attempt)}).",
                         attempts=attempt,
                     )
@@ -239,7 +271,8 @@ class OpenAICompatibleProvider:
             except httpx.TransportError as exc:
                 if last:
                     raise LLMError(
-                        f"Could not reach the model endpoint at {url}: {exc or type(exc).__name__} "
+                        f"Could not reach the model endpoint at {self._where(url)}: "
+                        f"{self._redact(str(exc)) or type(exc).__name__} "
                         f"({_attempts(attempt)}).",
                         attempts=attempt,
                     )
@@ -252,8 +285,8 @@ class OpenAICompatibleProvider:
                     self._sleep(self._retry_delay(response, attempt))
                     continue
                 raise LLMHTTPError(
-                    f"The model endpoint at {url} answered HTTP {response.status_code}: "
-                    f"{_error_text(response)} ({_attempts(attempt)}).",
+                    f"The model endpoint at {self._where(url)} answered HTTP {response.status_code}: "
+                    f"{self._redact(_error_text(response))} ({_attempts(attempt)}).",
                     status_code=response.status_code,
                     attempts=attempt,
                 )
@@ -261,16 +294,21 @@ class OpenAICompatibleProvider:
                 body = response.json()
             except ValueError:
                 raise LLMBadResponse(
-                    f"The model endpoint at {url} answered with a body that is not JSON: {response.text[:200]!r}",
+                    f"The model endpoint at {self._where(url)} answered with a body that is not JSON: "
+                    f"{self._redact(repr(response.text[:200]))}",
                     attempts=attempt,
                 )
             if not isinstance(body, dict):
                 raise LLMBadResponse(
-                    f"The model endpoint at {url} answered with JSON that is not an object: {response.text[:200]!r}",
+                    f"The model endpoint at {self._where(url)} answered with JSON that is not an object: "
+                    f"{self._redact(repr(response.text[:200]))}",
                     attempts=attempt,
                 )
             return body, attempt
         raise AssertionError("unreachable: the loop returns or raises on its last attempt")
+
+    def _where(self, url: str) -> str:
+        return "…" + url.removeprefix(self.base_url)  # "…/chat/completions"
 
     def _backoff_delay(self, attempt: int) -> float:
         return self.backoff * (2 ** (attempt - 1))

@@ -5,6 +5,7 @@ from rest_framework import serializers
 from kinsite.prompt_safety import one_line_problem
 
 from sessions_app.models import Event, IntrospectionRun, Kin, Session, Turn
+from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, overrides_errors
 from workflows.models import Workflow
 
 # Identity texts go into every prompt of the kin: generous, but bounded (the model's
@@ -15,7 +16,10 @@ SENDER_MAX_CHARS = Event._meta.get_field("sender").max_length
 
 class KinSerializer(serializers.ModelSerializer):
     parent = serializers.PrimaryKeyRelatedField(queryset=Kin.objects.none(), required=False, allow_null=True)
-    history_token_budget = serializers.IntegerField(required=False, allow_null=True, min_value=1000, max_value=2_000_000)
+    history_token_budget = serializers.IntegerField(
+        required=False, allow_null=True,
+        min_value=HISTORY_TOKEN_BUDGET_RANGE.low, max_value=HISTORY_TOKEN_BUDGET_RANGE.high,
+    )
     character = serializers.CharField(required=False, allow_blank=True, max_length=KIN_TEXT_MAX_CHARS)
     expertise = serializers.CharField(required=False, allow_blank=True, max_length=KIN_TEXT_MAX_CHARS)
     spawn_reason = serializers.CharField(required=False, allow_blank=True, max_length=KIN_TEXT_MAX_CHARS)
@@ -50,8 +54,9 @@ class KinSerializer(serializers.ModelSerializer):
         return value.strip()
 
     def validate_overrides(self, value):
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("Must be a JSON object.")
+        errors = overrides_errors(value)
+        if errors:
+            raise serializers.ValidationError(errors)
         return value
 
     def validate(self, attrs):

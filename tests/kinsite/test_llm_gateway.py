@@ -170,7 +170,7 @@ def test_timeout_gives_clear_error_after_bounded_attempts(fake_llm):
     assert time.monotonic() - started < 1.5
     message = str(caught.value)
     assert message == (
-        f"The model endpoint at {fake_llm.base_url}/chat/completions did not answer within 0.3 s (2 attempts)."
+        "The model endpoint at …/chat/completions did not answer within 0.3 s (2 attempts)."
     )
     assert caught.value.attempts == 2
     assert caught.value.status == 502
@@ -217,7 +217,7 @@ def test_unreachable_endpoint_is_a_clear_error():
         base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout=0.3, max_retries=1, backoff=0.01
     )
 
-    with pytest.raises(LLMError, match=rf"Could not reach the model endpoint at http://127.0.0.1:{port}/v1"):
+    with pytest.raises(LLMError, match=r"Could not reach the model endpoint at …/chat/completions: .*refused"):
         llm_chat(purpose="kin_turn", messages=[{"role": "user", "content": "hi"}], provider=provider)
 
     assert only_call().attempts == 2
