@@ -284,6 +284,28 @@ def test_an_async_turn_out_of_attempts_is_failed_instead_of_run_again(chat_sessi
     assert fake_llm.requests_to("chat") == []
 
 
+@pytest.mark.usefixtures("fake_llm_gateway")
+def test_a_turn_found_running_out_of_attempts_by_the_next_task_is_failed_and_the_next_turn_runs(
+    chat_session, fake_llm, django_capture_on_commit_callbacks
+):
+    """A turn that killed its worker three times (its task delivered again each time) is not
+    started a fourth time by whoever holds the session lock next; the turn queued behind it runs."""
+    with django_capture_on_commit_callbacks(execute=False):
+        poison = turn_post(session=chat_session, content="Crash the worker.", is_async=True)
+        behind = turn_post(session=chat_session, content="Hello?", sender="Tom", is_async=True)
+    Turn.objects.filter(pk=poison.pk).update(status="running", attempts=TURN_MAX_ATTEMPTS,
+                                             started_at=timezone.now())
+
+    turn_run(turn_id=poison.pk)  # its task, delivered once more
+
+    poison.refresh_from_db()
+    behind.refresh_from_db()
+    assert poison.status == "failed" and f"{TURN_MAX_ATTEMPTS} times" in poison.error
+    assert behind.status == "done" and behind.reply.content == "echo: [Tom] Hello?"
+    [request] = fake_llm.requests_to("chat")
+    assert request["messages"][-1]["content"] == "[Tom] Hello?"
+
+
 def test_the_stalled_turn_lease_is_one_session_lock_lease(settings):
     settings.LLM_TIMEOUT_SECONDS, settings.LLM_MAX_RETRIES, settings.LLM_RETRY_BACKOFF_SECONDS = 60, 3, 1.0
 
