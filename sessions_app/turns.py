@@ -13,7 +13,7 @@ nothing (no turn can run without the session lock); an async post keeps its mess
 and pending turn, and `turns_requeue` (beat, every minute) queues the turn once the
 broker is back. A turn left running by a process that stopped (a killed worker or web
 process, or a task Redis lost) is taken over by `turns_recover_stalled` (beat, every
-minute) once nobody holds its session lock."""
+minute) once nobody holds its session lock, and run again."""
 from __future__ import annotations
 
 import json
@@ -170,15 +170,17 @@ def turn_run(*, turn_id: int) -> Turn | None:
 
 
 def turns_requeue(*, now: datetime | None = None) -> list[int]:
-    """Queue again the async turns left pending without a task in the queue: posted while
-    the broker was down (the post answered 503 and kept the turn), or queued before Redis
-    lost its data in a restart. Returns their ids. A turn queued twice still runs once
-    (turn_run claims it), so a marker lost on its own costs a duplicate task, nothing more.
+    """Queue again the turns left pending without a task in the queue: async posts made
+    while the broker was down (the post answered 503 and kept the turn), turns queued before
+    Redis lost its data in a restart, and stalled turns the broker did not take when
+    turns_recover_stalled made them pending again. Returns their ids. A turn queued twice
+    still runs once (turn_run claims it), so a marker lost on its own costs a duplicate
+    task, nothing more.
     It reads the pending turns only (partial index turn_pending); the oldest REQUEUE_BATCH
     go first. With Redis down it stops, logs, and leaves the rest to the next minute."""
     cutoff = (now or timezone.now()) - REQUEUE_AFTER
     pending = list(
-        Turn.objects.filter(status=Turn.Status.PENDING, is_async=True, created_at__lte=cutoff)
+        Turn.objects.filter(status=Turn.Status.PENDING, created_at__lte=cutoff)
         .order_by("id").values_list("pk", flat=True)[:REQUEUE_BATCH]
     )
     if not pending:
@@ -210,8 +212,8 @@ def turn_stalled_after() -> timedelta:
 
 @dataclass
 class StalledTurns:
-    requeued: list[int]  # async turns made pending again and queued
-    failed: list[int]  # sync turns, and async ones out of attempts, failed with an error
+    requeued: list[int]  # turns made pending again and queued
+    failed: list[int]  # turns out of attempts, failed with an error
 
 
 def turns_recover_stalled(*, now: datetime | None = None) -> StalledTurns:
@@ -221,19 +223,18 @@ def turns_recover_stalled(*, now: datetime | None = None) -> StalledTurns:
 
     A turn running for longer than turn_stalled_after() is taken over only if its session
     lock can be taken at once (else someone is working on the session, maybe on this very
-    turn); holding the lock, it is checked again and then:
-    - an async turn is made pending and queued again: turn_run claims it and runs it with
-      the tool rounds already stored in its history, so nothing done is done twice and it
-      gets one reply; after TURN_MAX_ATTEMPTS starts it is failed instead;
-    - a sync turn is failed, saying that its process stopped and that the message is stored
-      and can be posted again (nobody waits for its answer any more).
-    It reads the running turns only (partial index turn_running), the STALLED_BATCH longest
-    running first. With Redis down it stops, logs, and leaves the rest to the next minute."""
+    turn); holding the lock, it is checked again, made pending and queued again: turn_run
+    claims it and runs it with the tool rounds already stored in its history, so nothing
+    done is done twice and it gets one reply. A sync turn too: its client got a broken
+    connection, but the message is stored and gets its reply (the client finds it by
+    polling the turn, or in the session). After TURN_MAX_ATTEMPTS starts a turn is failed
+    instead. It reads the running turns only (partial index turn_running), the STALLED_BATCH
+    longest running first. With Redis down it stops, logs, and leaves the rest to the next minute."""
     now = now or timezone.now()
     cutoff = now - turn_stalled_after()
     candidates = list(
         Turn.objects.filter(status=Turn.Status.RUNNING, started_at__lte=cutoff)
-        .order_by("started_at", "id").only("pk", "session_id", "is_async", "attempts", "user_message_id")
+        .order_by("started_at", "id").only("pk", "session_id", "attempts", "user_message_id")
         [:STALLED_BATCH]
     )
     stalled = StalledTurns(requeued=[], failed=[])
@@ -242,7 +243,7 @@ def turns_recover_stalled(*, now: datetime | None = None) -> StalledTurns:
             try:
                 # No wait: a held lock means the session is busy; the next sweep looks again.
                 with session_lock(turn.session_id, timeout=0):
-                    requeue = turn.is_async and turn.attempts < TURN_MAX_ATTEMPTS
+                    requeue = turn.attempts < TURN_MAX_ATTEMPTS
                     taken_over = _turn_stalled_close(turn=turn, cutoff=cutoff, now=now, requeue=requeue)
             except SessionBusy:
                 continue
@@ -308,14 +309,8 @@ def _turn_stalled_close(*, turn: Turn, cutoff: datetime, now: datetime, requeue:
     still_stalled = Turn.objects.filter(pk=turn.pk, status=Turn.Status.RUNNING, started_at__lte=cutoff)
     if requeue:
         return bool(still_stalled.update(status=Turn.Status.PENDING, started_at=None))
-    if turn.is_async:
-        cause = (f"The process running this turn stopped before it finished, {turn.attempts} times, so it is "
-                 f"not run again.")
-    else:
-        cause = "The process running this turn stopped before it finished, so no answer will come."
-    error = (f"{cause} Your message is stored (message {turn.user_message_id}), with whatever the kin did so "
-             f"far; post it again to get an answer.")
-    return bool(still_stalled.update(status=Turn.Status.FAILED, error=error, finished_at=now))
+    return bool(still_stalled.update(status=Turn.Status.FAILED, error=_out_of_attempts_error(turn),
+                                     finished_at=now))
 
 
 def _out_of_attempts_error(turn: Turn) -> str:
