@@ -19,10 +19,10 @@ def test_async_posts_to_one_session_are_answered_in_post_order_by_two_workers(
 ):
     """Both workers are up, then the posts arrive faster than a turn takes: they commit
     together (their tasks are sent on commit), so each worker takes a task of the session at
-    once, every message already stored, and they race for the session. The user sees: every turn `done`, the replies stored in post order,
-    each answering its own message. The model saw: for the n-th turn, the n-1 earlier
-    messages, their replies (stored after every post, in order), then the n-th message last;
-    no later message anywhere."""
+    once, every message already stored, and they race for the session. The user sees: every
+    turn `done`, the replies stored in post order, each answering its own message. The model
+    saw: for the n-th turn, the n-1 earlier messages, their replies (stored after every post,
+    in order), then the n-th message last; no later message anywhere."""
     fake_llm.delay = MODEL_SECONDS
     texts = [f"Question {n} of {POSTS}?" for n in range(1, POSTS + 1)]
     # Every model request is a turn's: no introspection after the fifth turn.
