@@ -321,8 +321,8 @@ def prompt_inputs_for(
     """The prompt inputs, the selected history (oldest first, ending with the message
     being answered) and the history budget. `current_event` is the stored message being
     answered, by turn `turn_id`; without it a non-empty `message_text` is treated as a
-    message about to be sent (the preview), counted as if stored. Reads the database a fixed number of times,
-    whatever the length of the history or the number of memories."""
+    message about to be sent (the preview), counted as if stored. Reads the database a
+    fixed number of times, whatever the length of the history or the number of memories."""
     now = now or timezone.now()
     # The session and kin rows are the caller's (the turn and the preview read them just
     # before); what else the prompt needs comes in one statement, so a turn's query count
