@@ -34,8 +34,8 @@ app.conf.beat_schedule = {
     },
     # Every minute: take over the chat turns left running by a process that stopped (a web
     # process during a sync turn, a worker during an async one, or an async turn's task lost
-    # with Redis), once their session lock's lease has run out: an async turn is queued
-    # again, a sync one is failed with an error saying its message is kept.
+    # with Redis), once their session lock's lease has run out: the turn, sync or async, is
+    # queued again and answered once; after three starts it is failed, its message kept.
     "recover-stalled-turns": {
         "task": "sessions_app.turn_tasks.recover_stalled_turns_task",
         "schedule": crontab(),

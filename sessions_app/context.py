@@ -25,7 +25,7 @@ from kinsite.rawsql import aware_datetime
 from kinsite.tokencount import count_tokens
 from memories.selectors import memory_search
 from sessions_app.history import HistoryItem, select_history
-from sessions_app.models import HISTORY_KINDS, Event, Kin, MessageCount, Session, Summary
+from sessions_app.models import HISTORY_KINDS, Event, Kin, MessageCount, Session, Summary, Turn
 from sessions_app.prompt import (
     NAME_MAX_CHARS,
     ConversationState,
@@ -250,17 +250,34 @@ def _boundary_sql(summary: Boundary | None) -> tuple[str, list[Any]]:
     return " AND (created_at > %s OR (created_at = %s AND id > %s))", [at, at, summary.last_event_id]
 
 
-def _history_entries(session_id: int, summary: Boundary | None, budget: int) -> dict[int, HistoryEntry]:
+def _later_posts_sql(session_id: int, turn_id: int | None) -> tuple[str, list[Any]]:
+    """Leaves out the messages of the session's turns posted after `turn_id` and not run
+    yet: a turn answers the conversation up to its own message, even when later posts were
+    stored meanwhile (they queue behind it). Turns run in post order, so later turns are
+    all unfinished, and the subquery reads only those (the turn_session_status index); it
+    compares event ids, so the cut below still reads the index alone."""
+    if turn_id is None:
+        return "", []
+    table = Turn._meta.db_table
+    return (f" AND id NOT IN (SELECT t.user_message_id FROM {table} t WHERE t.session_id = %s"
+            f" AND t.status IN (%s, %s) AND t.id > %s AND t.user_message_id IS NOT NULL)",
+            [session_id, Turn.Status.PENDING, Turn.Status.RUNNING, turn_id])
+
+
+def _history_entries(session_id: int, summary: Boundary | None, budget: int,
+                     turn_id: int | None = None) -> dict[int, HistoryEntry]:
     """The history entries of the newest events after the boundary that the budget could
     need, by id, oldest first, from one query. The cut is made first, from the token
     counts alone (the event_history_tokens index, so no table row is read for it): of the
     newest HISTORY_MAX_EVENTS events, newest first, every one whose newer events alone are
     within budget, so the one that overflows it too. Those sums only grow, so that is the
-    first `n` events, and only those are read whole."""
+    first `n` events, and only those are read whole. For a turn (`turn_id`), the messages
+    posted after its own are left out."""
     boundary, boundary_params = _boundary_sql(summary)
+    later_posts, later_posts_params = _later_posts_sql(session_id, turn_id)
     kinds = ", ".join(["%s"] * len(HISTORY_KINDS))
-    scope = f"session_id = %s AND kind IN ({kinds}){boundary}"
-    scope_params = [session_id, *HISTORY_KINDS, *boundary_params]
+    scope = f"session_id = %s AND kind IN ({kinds}){boundary}{later_posts}"
+    scope_params = [session_id, *HISTORY_KINDS, *boundary_params, *later_posts_params]
     # A message's `data` is never read, so it is not sent.
     sql = f"""
         SELECT id, kind, role, content, sender, platform, token_count,
@@ -316,12 +333,13 @@ def prompt_inputs_for(
     platform: str,
     now: datetime | None = None,
     current_event: Event | None = None,
+    turn_id: int | None = None,
 ) -> tuple[PromptInputs, list[HistoryEntry], int]:
     """The prompt inputs, the selected history (oldest first, ending with the message
     being answered) and the history budget. `current_event` is the stored message being
-    answered; without it a non-empty `message_text` is treated as a message about to be
-    sent (the preview), counted as if stored. Reads the database a fixed number of times,
-    whatever the length of the history or the number of memories."""
+    answered, by turn `turn_id`; without it a non-empty `message_text` is treated as a
+    message about to be sent (the preview), counted as if stored. Reads the database a
+    fixed number of times, whatever the length of the history or the number of memories."""
     now = now or timezone.now()
     # The session and kin rows are the caller's (the turn and the preview read them just
     # before); what else the prompt needs comes in one statement, so a turn's query count
@@ -331,13 +349,21 @@ def prompt_inputs_for(
     extras = _session_extras(session)
     summary = extras.summary
     counts = extras.counts
-    entries = _history_entries(session.pk, summary, budget)
+    entries = _history_entries(session.pk, summary, budget, turn_id)
 
     pending = current_event is None and bool(message_text.strip())
+    own_rounds: list[HistoryEntry] = []
     if current_event is not None:
-        # The message being answered goes last even if other events were stored after it
-        # (an async post queued behind a running turn), so the model answers it.
+        # The message being answered goes last even if earlier turns stored their replies
+        # after it (it was queued behind them), so the model answers it; only the tool rounds
+        # its own turn stored before its process stopped follow it, as they did in that
+        # attempt, and are kept whatever the budget, as a running turn keeps its rounds.
         entries.pop(current_event.pk, None)
+        if turn_id is not None:
+            own_rounds = [entry for entry in entries.values()
+                          if entry.item.kind != _MESSAGE and entry.event.data.get("turn") == turn_id]
+            for entry in own_rounds:
+                del entries[entry.item.id]
         entries[current_event.pk] = HistoryEntry(
             _history_item(current_event), event_as_message(current_event), current_event
         )
@@ -346,7 +372,7 @@ def prompt_inputs_for(
                            tokens=count_tokens(message_text))
         entries[PENDING_MESSAGE_ID] = HistoryEntry(item, _message(Event.Role.USER, message_text, sender), None)
     selected = select_history([entry.item for entry in entries.values()], budget_tokens=budget)
-    history = [entries[item.id] for item in selected]
+    history = [entries[item.id] for item in selected] + own_rounds
 
     participants: dict[tuple[str, str], list] = {}
     total = 0
@@ -420,13 +446,14 @@ def prompt_assemble(
     platform: str = Event.Platform.API,
     now: datetime | None = None,
     current_event: Event | None = None,
+    turn_id: int | None = None,
 ) -> AssembledPrompt:
     """The prompt a turn sends: sections, the selected history and the messages list.
     Only reads: the turn counts the served memories (`memory_ids`) as retrieved when it
     stores its reply, and the preview does not count them."""
     inputs, history, budget = prompt_inputs_for(
         session=session, message_text=message_text, sender=sender, platform=platform, now=now,
-        current_event=current_event,
+        current_event=current_event, turn_id=turn_id,
     )
     sections = build_sections(inputs, count_tokens=count_tokens)
     messages: list[Message] = [{"role": "system", "content": render_system_prompt(sections)}]

@@ -185,8 +185,9 @@ class Turn(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
-    # How many times a process started running the turn: a sync turn once; an async one at
-    # each claim by turn_run. The stalled-turn sweep stops queueing it again after a few.
+    # How many times a process started running the turn: a sync turn once when posted, and
+    # once more at each claim by a session lock holder (a task after its process stopped).
+    # After a few it is failed instead (sessions_app.turns.TURN_MAX_ATTEMPTS).
     attempts = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -1,8 +1,10 @@
 """The chat turn (SPEC §4): store the user's message, handle commands, assemble the
 prompt, call the model, run its tool calls, store the reply, schedule background work.
 
-Turns of one session run one after the other under the session lock
-(sessions_app.locks). Each step commits on its own: the user's message before the
+Turns of one session run one after the other, in post order (SPEC §4): whoever holds the
+session lock (sessions_app.locks), a worker's task or a sync post, runs the session's oldest
+unfinished turn, not necessarily the one it came for (see turn_run), and a turn's prompt
+ends at its own message. Each step commits on its own: the user's message before the
 model is called (so a failing model loses nothing), each tool round as it happens (a
 memory the kin stored stays recorded), and the reply with the turn's outcome.
 
@@ -11,7 +13,7 @@ nothing (no turn can run without the session lock); an async post keeps its mess
 and pending turn, and `turns_requeue` (beat, every minute) queues the turn once the
 broker is back. A turn left running by a process that stopped (a killed worker or web
 process, or a task Redis lost) is taken over by `turns_recover_stalled` (beat, every
-minute) once nobody holds its session lock."""
+minute) once nobody holds its session lock, and run again."""
 from __future__ import annotations
 
 import json
@@ -55,9 +57,10 @@ REQUEUE_AFTER = timedelta(minutes=1)
 REQUEUE_BATCH = 500
 # Running turns the stalled-turn sweep looks at per minute (each costs a lock attempt in Redis).
 STALLED_BATCH = 100
-# An async turn whose process stopped this many times (say it runs out of memory) is failed
-# rather than queued again for ever.
+# A turn whose process stopped this many times (say it runs out of memory) is failed rather
+# than started again for ever.
 TURN_MAX_ATTEMPTS = 3
+UNFINISHED = (Turn.Status.PENDING, Turn.Status.RUNNING)
 # What the sweeps give up on when Redis (broker, cache or lock) does not answer; beat runs them
 # again a minute later.
 REDIS_OUTAGES = (BrokerUnreachable, RedisError, LockUnavailable)
@@ -100,8 +103,9 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
               is_async: bool = False) -> Turn:
     """Post a user message to a session and answer it.
 
-    Sync: waits for the session's previous turn, runs this one and returns it done, or
-    raises TurnFailed (502) after recording the error on the turn, or ServiceUnavailable
+    Sync: waits for the session lock, runs the turns posted before this one that are still
+    unanswered (async posts queued behind a running turn), then this one, and returns it
+    done, or raises TurnFailed (502) after recording the error on the turn, or ServiceUnavailable
     (503) when Redis, holding the session lock, is down (before the turn: nothing stored).
     Async: stores the message and a pending turn and enqueues run_turn_task after commit;
     poll the turn. With the broker down it raises TurnNotQueued (503), the turn kept."""
@@ -116,6 +120,12 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
         with session_lock(session.pk) as lock:
             with transaction.atomic():
                 turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=False)
+            # The oldest unfinished turn first, so posts are answered in order; it is this one
+            # unless earlier posts still wait (their tasks, arriving later, find them done).
+            while (oldest := _turn_oldest_unfinished(session_id=session.pk)).pk != turn.pk:
+                if _turn_claim(oldest):
+                    _turn_execute(turn=oldest, lock=lock, raise_errors=False)
+            turn = oldest  # read under the lock, with its session, kin and message
             _turn_execute(turn=turn, lock=lock, raise_errors=True)
     except LockUnavailable as exc:
         raise _lock_outage(session=session, turn=turn) from exc
@@ -124,34 +134,53 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
 
 
 def turn_run(*, turn_id: int) -> Turn | None:
-    """Run a queued turn (the async path). Idempotent: a turn already done or failed is
-    left alone; one found running while we hold the session lock belonged to a worker
-    that died, so it is run again. A model failure is recorded on the turn, not raised."""
-    turn = Turn.objects.filter(pk=turn_id).select_related("session__kin", "user_message").first()
-    if turn is None or turn.status in (Turn.Status.DONE, Turn.Status.FAILED):
-        return turn
-    with session_lock(turn.session_id) as lock:
-        claimed = Turn.objects.filter(pk=turn_id, status__in=[Turn.Status.PENDING, Turn.Status.RUNNING]).update(
-            status=Turn.Status.RUNNING, started_at=timezone.now(), attempts=F("attempts") + 1
-        )
-        if not claimed:
-            return Turn.objects.get(pk=turn_id)
-        turn.refresh_from_db()
-        _turn_execute(turn=turn, lock=lock, raise_errors=False)
+    """The task of a queued turn (the async path): run one turn of its session, the oldest
+    unfinished one, and return it (None if there was none).
+
+    That is this turn unless an earlier one of the session is still unfinished: then the
+    earlier one runs here, and this turn's task is sent again, so every unfinished turn keeps
+    a task and each task runs one turn (within Celery's time limit). Turns thus run in post
+    order whichever task a worker takes first, and no turn waits on another that has no
+    task: the lock holder always has work it may do. A duplicate task (a redelivery, or
+    turns_requeue's) is harmless: it runs the next turn early, or finds nothing. A turn
+    found running while we hold the session lock belonged to a process that stopped, so
+    it is run again (at most TURN_MAX_ATTEMPTS starts). A model failure is recorded on
+    the turn, not raised."""
+    queued = Turn.objects.filter(pk=turn_id).values_list("session_id", "status").first()
+    if queued is None:
+        return None
+    session_id, status = queued
+    if status not in UNFINISHED and not Turn.objects.filter(session_id=session_id, status__in=UNFINISHED).exists():
+        return None  # the usual duplicate: nothing to do, so no wait for the lock
+    turn = None
+    try:
+        with session_lock(session_id) as lock:
+            while (turn := _turn_oldest_unfinished(session_id=session_id)) is not None and not _turn_claim(turn):
+                pass  # it was out of attempts and is failed now; the next one
+            if turn is None:
+                return None
+            _turn_execute(turn=turn, lock=lock, raise_errors=False)
+    finally:
+        # Outside the lock: an eager task runs turn_run here, which takes it. Also after a
+        # bug in the turn that ran, so this one does not wait for a sweep.
+        if turn is not None and turn.pk != turn_id:
+            _turn_send_again(turn_id)
     _schedule_background_work(session=turn.session, turn=turn)
     return turn
 
 
 def turns_requeue(*, now: datetime | None = None) -> list[int]:
-    """Queue again the async turns left pending without a task in the queue: posted while
-    the broker was down (the post answered 503 and kept the turn), or queued before Redis
-    lost its data in a restart. Returns their ids. A turn queued twice still runs once
-    (turn_run claims it), so a marker lost on its own costs a duplicate task, nothing more.
+    """Queue again the turns left pending without a task in the queue: async posts made
+    while the broker was down (the post answered 503 and kept the turn), turns queued before
+    Redis lost its data in a restart, and stalled turns the broker did not take when
+    turns_recover_stalled made them pending again. Returns their ids. A turn queued twice
+    still runs once (turn_run claims it), so a marker lost on its own costs a duplicate
+    task, nothing more.
     It reads the pending turns only (partial index turn_pending); the oldest REQUEUE_BATCH
     go first. With Redis down it stops, logs, and leaves the rest to the next minute."""
     cutoff = (now or timezone.now()) - REQUEUE_AFTER
     pending = list(
-        Turn.objects.filter(status=Turn.Status.PENDING, is_async=True, created_at__lte=cutoff)
+        Turn.objects.filter(status=Turn.Status.PENDING, created_at__lte=cutoff)
         .order_by("id").values_list("pk", flat=True)[:REQUEUE_BATCH]
     )
     if not pending:
@@ -183,8 +212,8 @@ def turn_stalled_after() -> timedelta:
 
 @dataclass
 class StalledTurns:
-    requeued: list[int]  # async turns made pending again and queued
-    failed: list[int]  # sync turns, and async ones out of attempts, failed with an error
+    requeued: list[int]  # turns made pending again and queued
+    failed: list[int]  # turns out of attempts, failed with an error
 
 
 def turns_recover_stalled(*, now: datetime | None = None) -> StalledTurns:
@@ -194,19 +223,18 @@ def turns_recover_stalled(*, now: datetime | None = None) -> StalledTurns:
 
     A turn running for longer than turn_stalled_after() is taken over only if its session
     lock can be taken at once (else someone is working on the session, maybe on this very
-    turn); holding the lock, it is checked again and then:
-    - an async turn is made pending and queued again: turn_run claims it and runs it with
-      the tool rounds already stored in its history, so nothing done is done twice and it
-      gets one reply; after TURN_MAX_ATTEMPTS starts it is failed instead;
-    - a sync turn is failed, saying that its process stopped and that the message is stored
-      and can be posted again (nobody waits for its answer any more).
-    It reads the running turns only (partial index turn_running), the STALLED_BATCH longest
-    running first. With Redis down it stops, logs, and leaves the rest to the next minute."""
+    turn); holding the lock, it is checked again, made pending and queued again: turn_run
+    claims it and runs it with the tool rounds already stored in its history, so nothing
+    done is done twice and it gets one reply. A sync turn too: its client got a broken
+    connection, but the message is stored and gets its reply (the client finds it by
+    polling the turn, or in the session). After TURN_MAX_ATTEMPTS starts a turn is failed
+    instead. It reads the running turns only (partial index turn_running), the STALLED_BATCH
+    longest running first. With Redis down it stops, logs, and leaves the rest to the next minute."""
     now = now or timezone.now()
     cutoff = now - turn_stalled_after()
     candidates = list(
         Turn.objects.filter(status=Turn.Status.RUNNING, started_at__lte=cutoff)
-        .order_by("started_at", "id").only("pk", "session_id", "is_async", "attempts", "user_message_id")
+        .order_by("started_at", "id").only("pk", "session_id", "attempts", "user_message_id")
         [:STALLED_BATCH]
     )
     stalled = StalledTurns(requeued=[], failed=[])
@@ -215,7 +243,7 @@ def turns_recover_stalled(*, now: datetime | None = None) -> StalledTurns:
             try:
                 # No wait: a held lock means the session is busy; the next sweep looks again.
                 with session_lock(turn.session_id, timeout=0):
-                    requeue = turn.is_async and turn.attempts < TURN_MAX_ATTEMPTS
+                    requeue = turn.attempts < TURN_MAX_ATTEMPTS
                     taken_over = _turn_stalled_close(turn=turn, cutoff=cutoff, now=now, requeue=requeue)
             except SessionBusy:
                 continue
@@ -252,6 +280,17 @@ def _turn_enqueue(turn: Turn) -> None:
         ) from exc
 
 
+def _turn_send_again(turn_id: int) -> None:
+    """Queue again a turn whose task ran an earlier turn of its session instead."""
+    if not Turn.objects.filter(pk=turn_id, status__in=UNFINISHED).exists():
+        return
+    try:
+        _task_send(turn_id)
+    except REDIS_OUTAGES as exc:
+        # The turn stays pending; turns_requeue sends it once its queued marker is gone.
+        logger.warning("Turn %s waits for the sweeps, the broker is unreachable: %s", turn_id, exc)
+
+
 def _task_send(turn_id: int) -> None:
     from sessions_app.turn_tasks import run_turn_task
 
@@ -270,14 +309,42 @@ def _turn_stalled_close(*, turn: Turn, cutoff: datetime, now: datetime, requeue:
     still_stalled = Turn.objects.filter(pk=turn.pk, status=Turn.Status.RUNNING, started_at__lte=cutoff)
     if requeue:
         return bool(still_stalled.update(status=Turn.Status.PENDING, started_at=None))
-    if turn.is_async:
-        cause = (f"The process running this turn stopped before it finished, {turn.attempts} times, so it is "
-                 f"not run again.")
-    else:
-        cause = "The process running this turn stopped before it finished, so no answer will come."
-    error = (f"{cause} Your message is stored (message {turn.user_message_id}), with whatever the kin did so "
-             f"far; post it again to get an answer.")
-    return bool(still_stalled.update(status=Turn.Status.FAILED, error=error, finished_at=now))
+    return bool(still_stalled.update(status=Turn.Status.FAILED, error=_out_of_attempts_error(turn),
+                                     finished_at=now))
+
+
+def _out_of_attempts_error(turn: Turn) -> str:
+    return (f"The process running this turn stopped before it finished, {turn.attempts} times, so it is not "
+            f"run again. Your message is stored (message {turn.user_message_id}), with whatever the kin did so "
+            f"far; post it again to get an answer.")
+
+
+def _turn_oldest_unfinished(*, session_id: int) -> Turn | None:
+    """Under the session lock: the turn of the session to run next, with what running it
+    reads (its session, kin, team and message), read now so they are current."""
+    return (
+        Turn.objects.filter(session_id=session_id, status__in=UNFINISHED)
+        .select_related("session__kin__team", "user_message").order_by("id").first()
+    )
+
+
+def _turn_claim(turn: Turn) -> bool:
+    """Under the session lock: mark the turn running, one more start. A turn found running
+    here belonged to a process that stopped (a live turn holds the lock until it ends), so
+    it starts again, unless it already started TURN_MAX_ATTEMPTS times (say it makes its
+    worker run out of memory): then it is failed, and False says so."""
+    unfinished = Turn.objects.filter(pk=turn.pk, status__in=UNFINISHED)
+    now = timezone.now()
+    if turn.attempts >= TURN_MAX_ATTEMPTS:
+        turn.status, turn.error, turn.finished_at = Turn.Status.FAILED, _out_of_attempts_error(turn), now
+        unfinished.update(status=turn.status, error=turn.error, finished_at=now)
+        logger.warning("Turn %s failed: its process stopped %d times", turn.pk, turn.attempts)
+        return False
+    # Conditional, as a claim: if our lease ran out, whoever holds the lock now may have run it.
+    if not unfinished.update(status=Turn.Status.RUNNING, started_at=now, attempts=F("attempts") + 1):
+        return False
+    turn.status, turn.started_at, turn.attempts = Turn.Status.RUNNING, now, turn.attempts + 1
+    return True
 
 
 def _lock_outage(*, session: Session, turn: Turn | None) -> ServiceUnavailable:
@@ -323,7 +390,8 @@ def _turn_open(*, session: Session, content: str, sender: str, platform: str, is
 
 
 def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> None:
-    session = Session.objects.select_related("kin__team").get(pk=turn.session_id)
+    """Run a claimed turn read by _turn_oldest_unfinished under the lock this holds."""
+    session = turn.session
     message = turn.user_message
     if message.kind == Event.Kind.COMMAND:
         _command_answer(turn=turn, session=session, message=message)
@@ -409,7 +477,7 @@ def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock
     kin = session.kin
     prompt = prompt_assemble(
         session=session, message_text=message.content, sender=message.sender, platform=message.platform,
-        current_event=message,
+        current_event=message, turn_id=turn.pk,
     )
     turn.prompt_tokens = prompt.total_tokens
     Turn.objects.filter(pk=turn.pk).update(prompt_tokens=turn.prompt_tokens)

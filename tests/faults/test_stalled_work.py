@@ -122,17 +122,18 @@ def start_web(*, port: int, redis_url: str, llm_base_url: str, log_path: Path) -
                                 start_new_session=True)
 
 
-def test_a_sync_turn_whose_web_process_is_killed_is_failed_by_the_sweep_once_its_lock_is_free(
-    transactional_db, api_client, chat_session, on_redis, fake_llm, tmp_path, settings
+def test_a_sync_turn_whose_web_process_is_killed_is_run_again_by_the_sweep_once_its_lock_is_free(
+    transactional_db, api_client, chat_session, on_redis, fake_llm, tmp_path, workers
 ):
     """gunicorn runs a sync turn and is SIGKILLed while the model answers.
 
     The user sees: a broken connection; the turn polled as `running` while the dead
-    process's session lock lives; then `failed`, the error saying the process running it
-    stopped, that the message is stored (naming it) and can be posted again; posting it
-    again is answered. Stored: the message and the failed turn. Runs again: nothing; the
-    sweep leaves the turn alone while its lock is held, and fails it once the lock is free."""
+    process's session lock lives; then `pending` and `done`, with the reply to the message.
+    Stored: the message and one reply. Runs again: the sweep leaves the turn alone while its
+    lock is held, and once the lock is free makes it pending and queues it, as an async
+    turn; a worker runs it (its second start)."""
     fake_llm.stall(MODEL_STALL_SECONDS)
+    fake_llm.reply("Friday.")
     _, token = api_token_issue(team=chat_session.kin.team, name="web")
     port = free_port()
     log_path = tmp_path / "web.log"
@@ -172,26 +173,29 @@ def test_a_sync_turn_whose_web_process_is_killed_is_failed_by_the_sweep_once_its
     turn = Turn.objects.get()
     assert turn.status == "running" and not turn.is_async
     age(Turn.objects.filter(pk=turn.pk), "started_at", turn_stalled_after() + timedelta(seconds=1))
-    assert turns_recover_stalled().failed == []  # the dead process's lock still lives
+    assert turns_recover_stalled().requeued == []  # the dead process's lock still lives
     assert Turn.objects.get(pk=turn.pk).status == "running"
 
     with on_redis.client() as redis_client:
         assert redis_client.pexpire(TURN_LOCK_KEY.format(session_id=chat_session.pk), 1)  # its lease runs out
     time.sleep(0.05)
-    assert turns_recover_stalled().failed == [turn.pk]
+    stalled = turns_recover_stalled()
+    assert stalled.requeued == [turn.pk] and stalled.failed == []
+    assert api_client.get(f"/api/v1/turns/{turn.pk}/").json()["status"] == "pending"
 
-    turn.refresh_from_db()
-    message = Event.objects.get(session=chat_session, role="user")
-    assert turn.status == "failed" and turn.reply is None
-    assert "The process running this turn stopped before it finished" in turn.error
-    assert f"Your message is stored (message {message.pk})" in turn.error and "post it again" in turn.error
-    assert api_client.get(f"/api/v1/turns/{turn.pk}/").json()["status"] == "failed"
-    settings.LLM_BASE_URL, settings.LLM_API_KEY, settings.LLM_MODEL = fake_llm.base_url, "test-key", "fake-model"
-    settings.LLM_EMBEDDING_MODEL = ""
-    fake_llm.reply("Friday.")
-    again = post(api_client, chat_session, "What is the launch date?")
-    assert again.status_code == 201, again.content
-    assert again.json()["reply"]["content"] == "Friday."
+    worker = workers(redis_url=on_redis.url, llm_base_url=fake_llm.base_url)
+    turn = wait_for(lambda: Turn.objects.filter(pk=turn.pk, status__in=["done", "failed"]).first(),
+                    seconds=WORK_SECONDS, what="a worker to run the turn again", workers=[worker])
+
+    assert turn.status == "done", turn.error
+    assert turn.reply.content == "Friday." and turn.attempts == 2 and not turn.is_async
+    polled = api_client.get(f"/api/v1/turns/{turn.pk}/").json()
+    assert polled["status"] == "done" and polled["reply"]["content"] == "Friday."
+    kinds = list(Event.objects.filter(session=chat_session).order_by("id").values_list("role", "kind"))
+    assert kinds == [("user", "message"), ("assistant", "message")]
+    assert len(fake_llm.requests_to("chat")) == 2
+    assert fake_llm.requests_to("chat")[1]["messages"][-1] == {"role": "user",
+                                                                "content": "[Maria] What is the launch date?"}
 
 
 def test_an_introspection_run_whose_worker_dies_is_failed_by_the_sweep_not_left_running(

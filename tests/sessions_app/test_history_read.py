@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from sessions_app import context
 from sessions_app.context import Boundary
-from sessions_app.models import Event
-from tests.factories import MessageFactory
+from sessions_app.models import Event, Turn
+from tests.factories import MessageFactory, SessionFactory
 
 START = timezone.now() - timedelta(days=1)
 
@@ -19,8 +19,21 @@ def message(session, minute: int, tokens: int = 100, **kwargs):
                           created_at=START + timedelta(minutes=minute), **kwargs)
 
 
-def read_ids(session, *, budget: int, summary: Boundary | None = None) -> list[int]:
-    return list(context._history_entries(session.pk, summary, budget))
+def read_ids(session, *, budget: int, summary: Boundary | None = None, turn_id: int | None = None) -> list[int]:
+    return list(context._history_entries(session.pk, summary, budget, turn_id))
+
+
+def test_a_turn_reads_no_message_posted_after_its_own(chat_session):
+    """Async posts queued behind the turn (pending turns) are not its history, wherever
+    they were stored; events of turns that ran since are."""
+    first, mine, later, reply, latest = (message(chat_session, minute) for minute in range(5))
+    own = Turn.objects.create(session=chat_session, user_message=mine, status="running")
+    Turn.objects.create(session=chat_session, user_message=later, status="pending")
+    Turn.objects.create(session=chat_session, user_message=latest, status="pending")
+
+    assert read_ids(chat_session, budget=10_000, turn_id=own.pk) == [first.pk, mine.pk, reply.pk]
+    assert read_ids(chat_session, budget=150, turn_id=own.pk) == [mine.pk, reply.pk]
+    assert read_ids(chat_session, budget=10_000) == [first.pk, mine.pk, later.pk, reply.pk, latest.pk]
 
 
 def test_keeps_every_event_whose_newer_events_fit_and_so_the_one_that_overflows(chat_session):
@@ -81,8 +94,6 @@ def test_the_read_is_bounded_whatever_the_budget(chat_session, monkeypatch):
 
 
 def test_other_sessions_are_not_read(chat_session, kin):
-    from tests.factories import SessionFactory
-
     mine = message(chat_session, 0)
     message(SessionFactory(kin=kin), 1)
 
@@ -91,14 +102,24 @@ def test_other_sessions_are_not_read(chat_session, kin):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)  # VACUUM cannot run inside the test's transaction
-def test_the_cut_is_made_from_the_token_index_alone(chat_session):
+@pytest.mark.parametrize("for_turn", [False, True], ids=["preview", "turn"])
+def test_the_cut_is_made_from_the_token_index_alone(chat_session, for_turn):
     """On PostgreSQL the token sums come from an index-only scan of event_history_tokens
     (once the table is vacuumed, as autovacuum keeps a live one), and the rows read whole
-    are the events within the cut, not the whole window."""
+    are the events within the cut, not the whole window; for a turn too, whose later
+    posts are left out by their ids."""
     from django.db import connection
 
-    for minute in range(300):
-        message(chat_session, minute)
+    # Other sessions' events, as in any real table: with a table of one session only, PostgreSQL
+    # rightly scans it whole for a turn's cut (its later posts' filter shifts the estimates).
+    other = SessionFactory(kin=chat_session.kin)
+    Event.objects.bulk_create([Event(session=other, content="x", token_count=100) for _ in range(5_000)])
+    events = [message(chat_session, minute) for minute in range(300)]
+    turn_id = None
+    if for_turn:
+        turn_id = Turn.objects.create(session=chat_session, user_message=events[-4], status="running").pk
+        for later in events[-3:]:
+            Turn.objects.create(session=chat_session, user_message=later, status="pending")
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE sessions_app_event")
     captured = []
@@ -108,7 +129,7 @@ def test_the_cut_is_made_from_the_token_index_alone(chat_session):
         return execute(sql, params, many, ctx)
 
     with connection.execute_wrapper(capture):
-        assert len(read_ids(chat_session, budget=1_000)) == 11
+        assert len(read_ids(chat_session, budget=1_000, turn_id=turn_id)) == 11
     [(sql, params)] = captured
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)

@@ -223,33 +223,61 @@ def test_an_async_turn_whose_worker_died_is_run_again_with_one_reply_and_no_repe
 
 
 @pytest.mark.usefixtures("fake_llm_gateway")
-def test_a_sync_turn_whose_web_process_died_is_failed_and_its_message_kept(
+def test_a_sync_turn_whose_web_process_died_is_run_again_and_answered_once(
     api_client, chat_session, fake_llm, dies_at_model_call
+):
+    """The web process dies in the turn's model call (its client gets a broken connection).
+    Once its lease is over the sweep queues the turn again, as an async one: the message gets
+    its reply, once, and polling the turn finds it."""
+    dies_at_model_call(1)
+    with pytest.raises(ProcessKilled):
+        turn_post(session=chat_session, content="What is the launch date?", sender="Maria")
+    turn = Turn.objects.get()
+    assert turn.status == "running" and not turn.is_async and turn.attempts == 1
+    assert turns_recover_stalled().requeued == []  # not yet past the lease
+    age(Turn.objects.filter(pk=turn.pk), "started_at", turn_stalled_after() + timedelta(seconds=1))
+    fake_llm.reply("Friday.")
+
+    stalled = turns_recover_stalled()
+
+    assert stalled.requeued == [turn.pk] and stalled.failed == []
+    turn.refresh_from_db()
+    assert turn.status == "done", turn.error
+    assert turn.reply.content == "Friday." and turn.attempts == 2 and not turn.is_async
+    assert session_events(chat_session) == [("user", "message"), ("assistant", "message")]
+    polled = api_client.get(f"/api/v1/turns/{turn.pk}/").json()
+    assert polled["status"] == "done" and polled["reply"]["content"] == "Friday."
+    [rerun] = fake_llm.requests_to("chat")
+    assert rerun["messages"][-1] == {"role": "user", "content": "[Maria] What is the launch date?"}
+    # Later sweeps and a stray task change nothing.
+    assert turns_recover_stalled().requeued == [] and turns_requeue() == []
+    turn_run(turn_id=turn.pk)
+    assert Event.objects.filter(session=chat_session, role="assistant").count() == 1
+
+
+@pytest.mark.usefixtures("fake_llm_gateway")
+def test_a_recovered_sync_turn_the_broker_did_not_take_is_sent_by_the_requeue_sweep(
+    chat_session, fake_llm, dies_at_model_call, monkeypatch
 ):
     dies_at_model_call(1)
     with pytest.raises(ProcessKilled):
         turn_post(session=chat_session, content="What is the launch date?", sender="Maria")
     turn = Turn.objects.get()
-    assert turn.status == "running" and not turn.is_async
     age(Turn.objects.filter(pk=turn.pk), "started_at", turn_stalled_after() + timedelta(seconds=1))
+    age(Turn.objects.filter(pk=turn.pk), "created_at", timedelta(minutes=10))
 
-    stalled = turns_recover_stalled()
+    def broker_down(turn_id):
+        raise turns.BrokerUnreachable("connection refused")
 
-    assert stalled.failed == [turn.pk] and stalled.requeued == []
+    with monkeypatch.context() as patch:
+        patch.setattr(turns, "_task_send", broker_down)
+        assert turns_recover_stalled().requeued == [turn.pk]
+    assert Turn.objects.get(pk=turn.pk).status == "pending"
+
+    assert turns_requeue() == [turn.pk]
+
     turn.refresh_from_db()
-    message = Event.objects.get(session=chat_session, role="user")
-    assert turn.status == "failed" and turn.finished_at is not None and turn.reply is None
-    assert "The process running this turn stopped before it finished" in turn.error
-    assert f"Your message is stored (message {message.pk})" in turn.error and "post it again" in turn.error
-    polled = api_client.get(f"/api/v1/turns/{turn.pk}/").json()
-    assert polled["status"] == "failed" and polled["error"] == turn.error
-    assert message.content == "What is the launch date?"
-    # Posted again, it is answered.
-    fake_llm.reply("Friday.")
-    response = api_client.post(f"/api/v1/sessions/{chat_session.pk}/messages/",
-                               {"content": "What is the launch date?", "sender": "Maria"}, format="json")
-    assert response.status_code == 201, response.content
-    assert response.json()["reply"]["content"] == "Friday."
+    assert turn.status == "done" and turn.reply.content == "echo: [Maria] What is the launch date?"
 
 
 @pytest.mark.usefixtures("fake_llm_gateway")
@@ -269,9 +297,10 @@ def test_a_running_turn_whose_session_lock_is_held_is_left_alone(chat_session, f
 
 
 @pytest.mark.usefixtures("fake_llm_gateway")
-def test_an_async_turn_out_of_attempts_is_failed_instead_of_run_again(chat_session, fake_llm):
+@pytest.mark.parametrize("is_async", [True, False], ids=["async", "sync"])
+def test_a_turn_out_of_attempts_is_failed_instead_of_run_again(chat_session, fake_llm, is_async):
     message = MessageFactory(session=chat_session)
-    turn = Turn.objects.create(session=chat_session, user_message=message, is_async=True, status="running",
+    turn = Turn.objects.create(session=chat_session, user_message=message, is_async=is_async, status="running",
                                attempts=TURN_MAX_ATTEMPTS,
                                started_at=timezone.now() - turn_stalled_after() - timedelta(minutes=1))
 
@@ -282,6 +311,28 @@ def test_an_async_turn_out_of_attempts_is_failed_instead_of_run_again(chat_sessi
     assert turn.status == "failed" and f"{TURN_MAX_ATTEMPTS} times" in turn.error
     assert f"Your message is stored (message {message.pk})" in turn.error
     assert fake_llm.requests_to("chat") == []
+
+
+@pytest.mark.usefixtures("fake_llm_gateway")
+def test_a_turn_found_running_out_of_attempts_by_the_next_task_is_failed_and_the_next_turn_runs(
+    chat_session, fake_llm, django_capture_on_commit_callbacks
+):
+    """A turn that killed its worker three times (its task delivered again each time) is not
+    started a fourth time by whoever holds the session lock next; the turn queued behind it runs."""
+    with django_capture_on_commit_callbacks(execute=False):
+        poison = turn_post(session=chat_session, content="Crash the worker.", is_async=True)
+        behind = turn_post(session=chat_session, content="Hello?", sender="Tom", is_async=True)
+    Turn.objects.filter(pk=poison.pk).update(status="running", attempts=TURN_MAX_ATTEMPTS,
+                                             started_at=timezone.now())
+
+    turn_run(turn_id=poison.pk)  # its task, delivered once more
+
+    poison.refresh_from_db()
+    behind.refresh_from_db()
+    assert poison.status == "failed" and f"{TURN_MAX_ATTEMPTS} times" in poison.error
+    assert behind.status == "done" and behind.reply.content == "echo: [Tom] Hello?"
+    [request] = fake_llm.requests_to("chat")
+    assert request["messages"][-1]["content"] == "[Tom] Hello?"
 
 
 def test_the_stalled_turn_lease_is_one_session_lock_lease(settings):
@@ -301,7 +352,7 @@ def test_the_stalled_turn_lease_is_one_session_lock_lease(settings):
 def test_each_sweep_reads_a_partial_index(db, sweep):
     now = timezone.now()
     querysets = {
-        "turns_pending": (Turn.objects.filter(status="pending", is_async=True, created_at__lte=now)
+        "turns_pending": (Turn.objects.filter(status="pending", created_at__lte=now)
                           .order_by("id").values_list("pk", flat=True)[:500], "turn_pending"),
         "turns_running": (Turn.objects.filter(status="running", started_at__lte=now)
                           .order_by("started_at", "id")[:100], "turn_running"),

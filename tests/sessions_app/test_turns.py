@@ -326,3 +326,96 @@ def test_a_turn_left_running_by_a_dead_worker_is_run_again(chat_session, fake_ll
 
     turn.refresh_from_db()
     assert turn.status == "done" and turn.reply.content == "Recovered."
+
+
+# --- turns of one session run in post order (SPEC §4) ------------------------------------------
+
+
+def queue_without_running(session, texts, django_capture_on_commit_callbacks, sender="Maria"):
+    """Async posts whose tasks are not sent (the on-commit enqueue is held back)."""
+    from sessions_app.turns import turn_post
+
+    with django_capture_on_commit_callbacks(execute=False):
+        return [turn_post(session=session, content=text, sender=sender, is_async=True) for text in texts]
+
+
+def test_queued_turns_run_in_post_order_whichever_task_comes_first(
+    chat_session, fake_llm, django_capture_on_commit_callbacks
+):
+    """Three async posts; their tasks arrive newest first. Each run takes the session's oldest
+    unfinished turn, so the replies follow the posts, and each model request ends at its own
+    message: the earlier posts and their replies (stored after it, in that order) before it,
+    the later posts nowhere."""
+    from sessions_app.turns import turn_run
+
+    texts = ["one?", "two?", "three?"]
+    queued = queue_without_running(chat_session, texts, django_capture_on_commit_callbacks)
+
+    for turn in reversed(queued):
+        turn_run(turn_id=turn.pk)
+
+    stored = events(chat_session)
+    assert [(e.role, e.content) for e in stored] == (
+        [("user", text) for text in texts] + [("assistant", f"echo: [Maria] {text}") for text in texts]
+    )
+    for turn in queued:
+        turn.refresh_from_db()
+        assert turn.status == "done" and turn.reply.content == f"echo: [Maria] {turn.user_message.content}"
+    requests = [[m["content"] for m in request["messages"][1:]] for request in chat_requests(fake_llm)]
+    assert requests == [
+        ["[Maria] one?"],
+        ["[Maria] one?", "echo: [Maria] one?", "[Maria] two?"],
+        ["[Maria] one?", "[Maria] two?", "echo: [Maria] one?", "echo: [Maria] two?", "[Maria] three?"],
+    ]
+
+
+def test_a_sync_post_answers_the_earlier_queued_turns_first(
+    api_client, chat_session, fake_llm, django_capture_on_commit_callbacks
+):
+    """An async post still queued when a sync post arrives: the sync post runs it first (it
+    holds the session lock), then its own; the queued turn's task later finds nothing to do."""
+    from sessions_app.turns import turn_run
+
+    [queued] = queue_without_running(chat_session, ["first?"], django_capture_on_commit_callbacks)
+
+    response = post(api_client, chat_session, "second?")
+
+    assert response.status_code == 201, response.content
+    assert response.json()["reply"]["content"] == "echo: [Maria] second?"
+    queued.refresh_from_db()
+    assert queued.status == "done" and queued.reply.content == "echo: [Maria] first?"
+    assert [m["content"] for m in chat_requests(fake_llm)[0]["messages"][1:]] == ["[Maria] first?"]
+    turn_run(turn_id=queued.pk)  # its task, late
+    assert [e.content for e in events(chat_session)] == [
+        "first?", "second?", "echo: [Maria] first?", "echo: [Maria] second?",
+    ]
+    assert len(chat_requests(fake_llm)) == 2
+
+
+def test_a_turn_prompt_ends_at_its_own_message_and_the_tool_rounds_it_already_stored(
+    chat_session, fake_llm, django_capture_on_commit_callbacks
+):
+    """The history cut, without running the turn: messages posted after the turn's own (stored
+    meanwhile, queued behind it) are left out; the tool round its earlier attempt stored comes
+    after its message, as in the attempt itself."""
+    from sessions_app.context import prompt_assemble
+
+    MessageFactory(session=chat_session, content="Earlier question", role="user", sender="Tom")
+    first, later = queue_without_running(chat_session, ["Remember Friday.", "And Monday?"],
+                                         django_capture_on_commit_callbacks)
+    tool_call = Event.objects.create(
+        session=chat_session, kind="tool_call", role="assistant", token_count=5,
+        data={"turn": first.pk, "tool_calls": [{"id": "call_1", "name": "memorize", "arguments": "{}"}]},
+    )
+    Event.objects.create(session=chat_session, kind="tool_result", role="tool", content='{"status": "created"}',
+                         token_count=5, data={"turn": first.pk, "tool_call_id": "call_1", "name": "memorize"})
+
+    prompt = prompt_assemble(session=chat_session, message_text=first.user_message.content, sender="Maria",
+                             current_event=first.user_message, turn_id=first.pk)
+
+    assert [entry.event.pk for entry in prompt.history][-3:-1] == [first.user_message_id, tool_call.pk]
+    assert [(m["role"], m.get("content")) for m in prompt.messages[1:]] == [
+        ("user", "[Tom] Earlier question"), ("user", "[Maria] Remember Friday."), ("assistant", None),
+        ("tool", '{"status": "created"}'),
+    ]
+    assert later.user_message_id not in [entry.event.pk for entry in prompt.history]
