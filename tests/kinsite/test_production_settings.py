@@ -26,7 +26,10 @@ PRODUCTION_ENV = {
     "SECURE_HSTS_INCLUDE_SUBDOMAINS": "true",
     "SECURE_HSTS_PRELOAD": "true",
 }
-SETTINGS_VARIABLES = {*PRODUCTION_ENV, "DATABASE_URL", "REDIS_URL", "DATA_UPLOAD_MAX_MEMORY_SIZE"}
+# DJANGO_ALLOW_ASYNC_UNSAFE: the browser tests set it in this process (Playwright's event loop);
+# a deployment never has it, and check --deploy rightly refuses it.
+SETTINGS_VARIABLES = {*PRODUCTION_ENV, "DATABASE_URL", "REDIS_URL", "DATA_UPLOAD_MAX_MEMORY_SIZE",
+                      "DJANGO_ALLOW_ASYNC_UNSAFE"}
 
 
 def run(argv: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
