@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from tests.sessions_app.test_api_access import assert_api_error
 from tests.support.outbound import LocalServer, closed_port, record_connections, scripted_dns
-from workflows.registry import NODE_TYPES, NodeError, RunContext, validate_params
+from workflows.nodes import NODE_TYPES, NodeError, RunContext, validate_params
 
 SECRET = {"token": "s3cret-from-the-inside"}
 
@@ -19,7 +19,7 @@ SECRET = {"token": "s3cret-from-the-inside"}
 def fetch(url):
     config = {"url": url}
     assert validate_params(NODE_TYPES["http_json"], config) == []
-    return NODE_TYPES["http_json"].runner(RunContext(), config, [])
+    return NODE_TYPES["http_json"].run(RunContext(), config, [])
 
 
 def neutral(url, *, seconds=10, max_bytes=5 * 1024 * 1024):
@@ -61,7 +61,7 @@ def no_real_dns(monkeypatch):
 def test_loopback_in_any_spelling_is_refused_before_connecting(server, connections, host, caplog):
     url = f"http://{host}:{server.port}/secret"
 
-    with caplog.at_level(logging.WARNING, logger="workflows.registry"):
+    with caplog.at_level(logging.WARNING, logger="workflows.nodes.http"):
         assert failure(url) == neutral(url)
 
     assert server.hits == [] and connections == []

@@ -7,8 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from kinsite.llm.providers import ScriptedProvider, provider_override
-from workflows import registry
-from workflows.registry import NODE_TYPES, NodeError, RunContext, describe, validate_params
+from workflows.nodes import NODE_TYPES, NodeError, RunContext, describe, llm, validate_params
 
 PEOPLE = [
     {"id": 1, "name": "Ada", "city": "London", "age": 36, "email": "ada@example.org"},
@@ -19,7 +18,7 @@ PEOPLE = [
 
 def run(node_type, config, *inputs, ctx=None):
     assert validate_params(NODE_TYPES[node_type], config) == []
-    return NODE_TYPES[node_type].runner(ctx or RunContext(), config, list(inputs))
+    return NODE_TYPES[node_type].run(ctx or RunContext(), config, list(inputs))
 
 
 # --- sources -------------------------------------------------------------------------
@@ -228,7 +227,7 @@ def test_llm_smart_filter_stores_generated_conditions_and_reuses_them():
 
     with provider_override(provider):
         records = run("llm_smart_filter", config, PEOPLE, ctx=RunContext(save_config=saved.update))
-        again = NODE_TYPES["llm_smart_filter"].runner(RunContext(), dict(saved), [PEOPLE])
+        again = NODE_TYPES["llm_smart_filter"].run(RunContext(), dict(saved), [PEOPLE])
 
     assert [r["id"] for r in records] == [1, 3] == [r["id"] for r in again]
     assert len(provider.calls) == 1  # the second run reused the stored conditions
@@ -303,9 +302,9 @@ def test_llm_prompt_placeholder_check_is_linear_and_the_prompt_is_bounded():
     prompt = "{{" * 5_000 + "x"
     errors = validate_params(NODE_TYPES["llm_inference"], {"prompt": prompt})
     assert errors == ["'prompt' has a malformed placeholder '{{'; use {{field}} or {{_lineage}}."]
-    too_long = validate_params(NODE_TYPES["llm_inference"], {"prompt": "x" * (registry.PROMPT_MAX_CHARS + 1)})
-    assert too_long == [f"'prompt' is {registry.PROMPT_MAX_CHARS + 1} characters; the limit is "
-                        f"{registry.PROMPT_MAX_CHARS}."]
+    too_long = validate_params(NODE_TYPES["llm_inference"], {"prompt": "x" * (llm.PROMPT_MAX_CHARS + 1)})
+    assert too_long == [f"'prompt' is {llm.PROMPT_MAX_CHARS + 1} characters; the limit is "
+                        f"{llm.PROMPT_MAX_CHARS}."]
 
 
 def test_filter_compares_huge_integers_and_odd_number_text_without_overflow():
