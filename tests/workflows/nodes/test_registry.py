@@ -2,7 +2,7 @@
 null optional parameters meaning their default, the generic sentence of an unknown type."""
 import pytest
 
-from workflows.nodes import NODE_TYPES, describe, validate_params
+from workflows.nodes import NODE_TYPES, NodeType, Param, RunContext, describe, register, validate_params
 
 
 @pytest.mark.parametrize(
@@ -62,3 +62,30 @@ def test_unknown_type_gets_the_generic_sentence():
         '"Pivot by city" of unknown type pivot (3 in, 2 out).'
     )
     assert describe("pivot", {}, label="") == "A node of unknown type pivot (not run yet)."
+
+
+def test_a_node_type_is_one_class_and_one_register_call():
+    class Upper(NodeType):
+        name = "upper_names"
+        title = "Upper-case names"
+        params = {"field": Param(str, required=True, doc="the field to upper-case")}
+
+        def run(self, ctx, config, inputs):
+            return [{**r, config["field"]: str(r.get(config["field"], "")).upper()} for rs in inputs for r in rs]
+
+        def describe(self, config):
+            return f"Upper-cases {config.get('field')}"
+
+    register(Upper())
+    try:
+        assert validate_params(NODE_TYPES["upper_names"], {}) == [
+            "parameter 'field' is required (the field to upper-case)."
+        ]
+        assert NODE_TYPES["upper_names"].run(RunContext(), {"field": "name"}, [[{"name": "Ada"}]]) == [{"name": "ADA"}]
+        assert describe("upper_names", {"field": "name"}, records_in=1, records_out=1) == (
+            "Upper-cases name (1 in, 1 out)."
+        )
+        with pytest.raises(ValueError, match="registered twice"):
+            register(Upper())
+    finally:
+        del NODE_TYPES["upper_names"]
