@@ -99,7 +99,9 @@ def validate_params(node_type: NodeType, config: Any) -> list[str]:
     return errors
 
 
-_KIND_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object", bool: "a boolean"}
+_KIND_NAMES = {
+    str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object", bool: "a boolean",
+}
 
 
 def config_fingerprint(node_type: str, config: dict) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from workflows.nodes.base import NodeType, Param, RunContext, Record, concat, get_field, json_key, names, quote, shorten
+from workflows.nodes.base import (
+    NodeType, Param, RunContext, Record, concat, get_field, json_key, names, quote, shorten,
+)
 
 # Numbers in filter conditions: a 64-bit integer's range. Past it a value is a mistake (or a
 # probe), and an integer past a float's range (1e308) cannot be compared as a float.

@@ -186,7 +186,6 @@ class LlmSmartFilter(NodeType):
         generated = config.get("generated") or {}
         conditions = ""
         if isinstance(generated, dict) and generated.get("conditions"):
-            conditions = f", which the model read as {describe_conditions(generated['conditions'], generated.get('combine') or 'and')}"
-        return (
-            f"Filters by the instruction {quote(config.get('instruction', ''))}{conditions}"
-        )
+            read_as = describe_conditions(generated["conditions"], generated.get("combine") or "and")
+            conditions = f", which the model read as {read_as}"
+        return f"Filters by the instruction {quote(config.get('instruction', ''))}{conditions}"

@@ -7,7 +7,10 @@ from workflows.nodes.base import NodeType, Param, RunContext, Record, get_field,
 class Merge(NodeType):
     name = "merge"
     title = "Merge / join"
-    params = {"key": Param(str, required=True, doc="the field both inputs share"), "how": Param(str, choices=("inner", "left"))}
+    params = {
+        "key": Param(str, required=True, doc="the field both inputs share"),
+        "how": Param(str, choices=("inner", "left")),
+    }
     min_inputs, max_inputs = 2, 2
 
     def run(self, ctx: RunContext, config: dict, inputs: list[list[Record]]) -> list[Record]:

@@ -57,9 +57,10 @@ class Transform(NodeType):
         rename = config.get("rename") or {}
         if any(not isinstance(k, str) or not isinstance(v, str) or not v for k, v in rename.items()):
             errors.append("'rename' must map field names to new field names (strings).")
+        keys = ("field", "pattern", "into")
         for index, item in enumerate(_extractions(config)):
             where = f"extract {index + 1}"
-            if not isinstance(item, dict) or not all(isinstance(item.get(k), str) and item.get(k) for k in ("field", "pattern", "into")):
+            if not isinstance(item, dict) or not all(isinstance(item.get(k), str) and item.get(k) for k in keys):
                 errors.append(f"{where} must be an object {{field, pattern, into}} of non-empty strings.")
                 continue
             problem = pattern_problem(item["pattern"])
@@ -90,8 +91,7 @@ class Transform(NodeType):
             parts.append("renames " + ", ".join(f"{old} → {new}" for old, new in list(rename.items())[:6]))
         for item in _extractions(config)[:4]:
             if isinstance(item, dict):
-                parts.append(
-                    f"extracts {item.get('into')} from {item.get('field')} with pattern {quote(item.get('pattern', ''), 40)}"
-                )
+                pattern = quote(item.get("pattern", ""), 40)
+                parts.append(f"extracts {item.get('into')} from {item.get('field')} with pattern {pattern}")
         what = " and ".join(parts) or "changes nothing"
         return what[0].upper() + what[1:]
