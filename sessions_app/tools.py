@@ -110,8 +110,8 @@ WORKFLOW_LINEAGE_SCHEMA: dict[str, Any] = {
 def _workflow_lineage_tool(workflow_id: int) -> MemoryTool:
     # Bound to the session's workflow here, so ToolContext stays the memory tools' context.
     def run(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-        from workflows.executor import node_lineage, node_lineage_export
         from workflows.models import Node, Workflow
+        from workflows.selectors import node_lineage, node_lineage_export
 
         workflow = Workflow.objects.filter(pk=workflow_id, team=context.team).first()
         if workflow is None:

@@ -12,9 +12,9 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from kinsite.errors import KinsiteError
-from workflows import registry
+from workflows import nodes
 from workflows.models import Edge, Node, NodeResult, NodeRun, WorkflowRun
-from workflows.services import config_fingerprint
+from workflows.selectors import node_lineage_narrative
 
 logger = logging.getLogger(__name__)
 
@@ -23,52 +23,6 @@ RESULTS_KEEP_VERSIONS = 3
 # Inputs of a two-input node: handles named left/right come in that order, then by edge id.
 HANDLE_ORDER = {"left": 0, "a": 0, "right": 1, "b": 1}
 TERMINAL = {NodeRun.Status.DONE, NodeRun.Status.FAILED, NodeRun.Status.SKIPPED}
-
-
-def describe_node_info(node) -> str:
-    """lineage's describer: a NodeInfo → what its step does (lineage adds the counts)."""
-    return registry.describe_step(node.type, node.config, label=node.label)
-
-
-def node_lineage(*, workflow, client_id: str, check_self: bool = True):
-    from workflows.lineage import collect_lineage
-    from workflows.selectors import workflow_graph_info
-
-    return collect_lineage(
-        workflow_graph_info(workflow=workflow), client_id, describe=describe_node_info, check_self=check_self
-    )
-
-
-def node_lineage_export(*, workflow, graph, fmt: str, namespace: str, max_chars: int = 2000):
-    """A node's lineage in one of the export formats, as the API and the dashboard serve
-    it. `namespace` (the workflow's API address) names the workflow in PROV and
-    OpenLineage; the OpenLineage run id is derived from the workflow's last run."""
-    import uuid
-
-    from workflows import lineage
-    from workflows.selectors import workflow_last_run
-
-    if fmt == "narrative":
-        return lineage.lineage_to_narrative(graph, max_chars=max_chars)
-    if fmt == "prov":
-        return lineage.lineage_to_prov(graph, workflow_name=workflow.name, namespace=namespace)
-    if fmt == "openlineage":
-        run = workflow_last_run(workflow=workflow)
-        run_key = f"{namespace}runs/{run.pk}" if run is not None else f"{namespace}never-ran"
-        event_time = (run.finished_at or run.started_at or run.created_at) if run is not None else timezone.now()
-        return lineage.lineage_to_openlineage(graph, workflow_name=workflow.name, namespace=namespace,
-                                              run_id=uuid.uuid5(uuid.NAMESPACE_URL, run_key), event_time=event_time)
-    return lineage.lineage_to_json(graph)
-
-
-def node_lineage_narrative(*, workflow, client_id: str, max_chars: int = 2000) -> str:
-    """The narrative a node about to run sees as {{_lineage}}: the lineage of what fed it, its
-    upstream steps without itself (it has no records yet, and its prompt already says what
-    it does); only those upstream nodes can make it stale."""
-    from workflows.lineage import lineage_to_narrative, lineage_upstream
-
-    graph = node_lineage(workflow=workflow, client_id=client_id, check_self=False)
-    return lineage_to_narrative(lineage_upstream(graph), max_chars=max_chars)
 
 
 def workflow_run_wave(*, run_id: int, wave: int) -> int | None:
@@ -117,13 +71,13 @@ def node_run_execute(*, run: WorkflowRun, node_run_id: int) -> None:
                 error=f"Skipped: upstream node {', '.join(repr(b) for b in blocked)} did not complete.")
         return
 
-    fingerprint = config_fingerprint(node.type, node.config)
+    fingerprint = nodes.config_fingerprint(node.type, node.config)
     node_run.config_fingerprint = fingerprint
-    node_type = registry.get_node_type(node.type)
+    node_type = nodes.get_node_type(node.type)
     if node_type is None:
         _finish(node_run, node, status=NodeRun.Status.FAILED, error=f"Unknown node type '{node.type}' cannot run.")
         return
-    problems = registry.validate_params(node_type, node.config)
+    problems = nodes.validate_params(node_type, node.config)
     if problems:  # the config was edited outside the API (admin) since it was saved
         _finish(node_run, node, status=NodeRun.Status.FAILED, error="Invalid parameters: " + " ".join(problems))
         return
@@ -150,10 +104,10 @@ def node_run_execute(*, run: WorkflowRun, node_run_id: int) -> None:
         node.config = config
         Node.objects.filter(pk=node.pk).update(config=config)
 
-    context = registry.RunContext(team=run.workflow.team, node=node, lineage=lineage, save_config=save_config)
+    context = nodes.RunContext(team=run.workflow.team, node=node, lineage=lineage, save_config=save_config)
     try:
-        records = node_type.runner(context, dict(node.config), inputs)
-    except (registry.NodeError, KinsiteError) as exc:
+        records = node_type.run(context, dict(node.config), inputs)
+    except (nodes.NodeError, KinsiteError) as exc:
         _finish(node_run, node, status=NodeRun.Status.FAILED, error=getattr(exc, "message", None) or str(exc))
         return
     except Exception as exc:  # a bug or a time limit: fail this node, keep the run going

@@ -1,13 +1,20 @@
 """Reads for workflows, scoped to a team: lists, one workflow, its graph as plain data for
-lineage, node results and runs."""
+lineage, a node's lineage in every format, the canvas, node results and runs."""
 from __future__ import annotations
 
+import uuid
+
+from django.conf import settings
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 
 from kinsite.models import Team
+from workflows import lineage
+from workflows.canvas import canvas_text
+from workflows.lineage import EdgeInfo, GraphInfo, NodeInfo
 from workflows.models import Node, NodeResult, NodeRun, Workflow, WorkflowRun
-from workflows.services import config_fingerprint
+from workflows.nodes import config_fingerprint, describe_step
 
 
 def workflow_list(*, team: Team) -> QuerySet[Workflow]:
@@ -42,11 +49,9 @@ def node_result(*, node: Node, version: int | None = None) -> NodeResult | None:
     return NodeResult.objects.filter(node=node, version=version).first()
 
 
-def workflow_graph_info(*, workflow: Workflow):
+def workflow_graph_info(*, workflow: Workflow) -> GraphInfo:
     """The workflow as lineage's plain data (one query for nodes, one for edges, one for
     which result versions still exist)."""
-    from workflows.lineage import EdgeInfo, GraphInfo, NodeInfo
-
     nodes = list(workflow.nodes.order_by("id"))
     client_ids = {node.pk: node.client_id for node in nodes}
     stored = set(NodeResult.objects.filter(node__workflow=workflow).values_list("node_id", "version"))
@@ -75,14 +80,45 @@ def workflow_graph_info(*, workflow: Workflow):
     return GraphInfo(nodes=infos, edges=edges)
 
 
+def describe_node_info(node: NodeInfo) -> str:
+    """lineage's describer: a NodeInfo → what its step does (lineage adds the counts)."""
+    return describe_step(node.type, node.config, label=node.label)
+
+
+def node_lineage(*, workflow: Workflow, client_id: str, check_self: bool = True) -> GraphInfo:
+    return lineage.collect_lineage(
+        workflow_graph_info(workflow=workflow), client_id, describe=describe_node_info, check_self=check_self
+    )
+
+
+def node_lineage_export(*, workflow: Workflow, graph: GraphInfo, fmt: str, namespace: str, max_chars: int = 2000):
+    """A node's lineage in one of the export formats, as the API and the dashboard serve
+    it. `namespace` (the workflow's API address) names the workflow in PROV and
+    OpenLineage; the OpenLineage run id is derived from the workflow's last run."""
+    if fmt == "narrative":
+        return lineage.lineage_to_narrative(graph, max_chars=max_chars)
+    if fmt == "prov":
+        return lineage.lineage_to_prov(graph, workflow_name=workflow.name, namespace=namespace)
+    if fmt == "openlineage":
+        run = workflow_last_run(workflow=workflow)
+        run_key = f"{namespace}runs/{run.pk}" if run is not None else f"{namespace}never-ran"
+        event_time = (run.finished_at or run.started_at or run.created_at) if run is not None else timezone.now()
+        return lineage.lineage_to_openlineage(graph, workflow_name=workflow.name, namespace=namespace,
+                                              run_id=uuid.uuid5(uuid.NAMESPACE_URL, run_key), event_time=event_time)
+    return lineage.lineage_to_json(graph)
+
+
+def node_lineage_narrative(*, workflow: Workflow, client_id: str, max_chars: int = 2000) -> str:
+    """The narrative a node about to run sees as {{_lineage}}: the lineage of what fed it, its
+    upstream steps without itself (it has no records yet, and its prompt already says what
+    it does); only those upstream nodes can make it stale."""
+    graph = node_lineage(workflow=workflow, client_id=client_id, check_self=False)
+    return lineage.lineage_to_narrative(lineage.lineage_upstream(graph), max_chars=max_chars)
+
+
 def workflow_canvas(*, workflow: Workflow, max_chars: int | None = None) -> str:
     """CURRENT CANVAS for a session attached to `workflow` (SPEC §9): the graph is read once
     (the three queries of workflow_graph_info, whatever its size); computed per turn, never stored."""
-    from django.conf import settings
-
-    from workflows.canvas import canvas_text
-    from workflows.executor import describe_node_info
-
     return canvas_text(
         workflow_name=workflow.name, graph=workflow_graph_info(workflow=workflow), describe=describe_node_info,
         max_chars=settings.CANVAS_MAX_CHARS if max_chars is None else max_chars,

@@ -2,8 +2,6 @@
 starting a run (the executor that carries it out lives in workflows.executor)."""
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -17,7 +15,7 @@ from kombu.exceptions import OperationalError as BrokerUnreachable
 from kinsite.errors import Conflict, InvalidInput, ServiceUnavailable
 from kinsite.models import Team
 from workflows.models import Edge, Node, NodeRun, Workflow, WorkflowRun
-from workflows.registry import NODE_TYPES, validate_params
+from workflows.nodes import NODE_TYPES, validate_params
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +32,6 @@ READ_ONLY_NODE_KEYS = {
     "status", "records_in", "records_out", "results_version", "config_fingerprint",
     "current_fingerprint", "error", "last_run_at", "description",
 }
-# Config keys a node writes for itself (the smart filter's generated conditions): not
-# settings, so they do not change the fingerprint.
-DERIVED_CONFIG_KEYS = {"generated"}
 # A run still pending/running after this long was abandoned (a lost worker) and no longer
 # blocks a new run.
 ACTIVE_RUN_WINDOW = timedelta(hours=1)
@@ -222,14 +217,6 @@ def find_cycle(node_ids: list[str], edges: list[tuple[str, str]]) -> list[str]:
     start = min(range(len(loop)), key=lambda i: order[loop[i]])  # from the node listed first
     loop = loop[start:] + loop[:start]
     return loop + [loop[0]]
-
-
-def config_fingerprint(node_type: str, config: dict) -> str:
-    """sha256 of the canonical JSON of the node's type and settings."""
-    settings_only = {k: v for k, v in (config or {}).items() if k not in DERIVED_CONFIG_KEYS}
-    canonical = json.dumps({"type": node_type, "config": settings_only}, sort_keys=True, separators=(",", ":"),
-                           ensure_ascii=False, default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 # --- create / update / delete / export --------------------------------------------------------

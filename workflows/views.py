@@ -17,12 +17,12 @@ from django.views.decorators.http import require_POST
 
 from kinsite.errors import KinsiteError
 from kinsite.views import team_required
-from workflows import lineage, registry, selectors, services
+from workflows import lineage, selectors, services
 from workflows.api.serializers import LINEAGE_MAX_CHARS_LIMIT
-from workflows import executor
-from workflows.executor import node_lineage
 from workflows.layout import layout_graph
 from workflows.models import Edge, Node, Workflow, WorkflowRun
+from workflows.nodes import describe
+from workflows.selectors import node_lineage
 
 # Past this many nodes the drawing is unreadable and heavy; the table still lists them all.
 MAX_DRAWN_NODES = 400
@@ -49,7 +49,7 @@ def workflow_list(request):
 @dataclass(frozen=True)
 class NodeRow:
     node: Node
-    description: str  # registry.describe: the same sentence the API shows
+    description: str  # workflows.nodes.describe: the same sentence the API shows
 
 
 def _detail_context(workflow: Workflow) -> dict:
@@ -73,7 +73,7 @@ def _detail_context(workflow: Workflow) -> dict:
     return {
         "workflow": workflow,
         "rows": [
-            NodeRow(node, registry.describe(node.type, node.config, label=node.label,
+            NodeRow(node, describe(node.type, node.config, label=node.label,
                                             records_in=node.records_in, records_out=node.records_out))
             for node in nodes
         ],
@@ -157,7 +157,7 @@ def node_inspector(request, workflow_id: int, client_id: str):
     context = {
         "workflow": workflow,
         "node": node,
-        "description": registry.describe(node.type, node.config, label=node.label,
+        "description": describe(node.type, node.config, label=node.label,
                                          records_in=node.records_in, records_out=node.records_out),
         "graph": graph,
         "narrative": lineage.lineage_to_narrative(graph, max_chars=max_chars),
@@ -182,7 +182,7 @@ def node_lineage_download(request, workflow_id: int, client_id: str, fmt: str):
     graph = node_lineage(workflow=workflow, client_id=node.client_id)
     # PROV and OpenLineage name the workflow by its API address, as the API's exports do.
     namespace = request.build_absolute_uri(reverse("workflow-detail", args=[workflow.pk]))
-    payload = executor.node_lineage_export(workflow=workflow, graph=graph, fmt=fmt, namespace=namespace)
+    payload = selectors.node_lineage_export(workflow=workflow, graph=graph, fmt=fmt, namespace=namespace)
     safe_id = re.sub(r"[^A-Za-z0-9_.-]+", "_", node.client_id).strip("._") or "node"
     response = JsonResponse(payload, safe=False, json_dumps_params={"ensure_ascii": False, "indent": 2})
     response["Content-Disposition"] = f'attachment; filename="workflow-{workflow.pk}-{safe_id}-lineage-{fmt}.json"'

@@ -26,7 +26,7 @@ from sessions_app.compaction import build_compaction_messages
 from sessions_app.models import Event, Session, Summary
 from tests.abuse.support import assert_api_error, assert_unchanged, snapshot
 from tests.factories import MessageFactory, UserFactory
-from workflows.registry import render_template
+from workflows.nodes.llm import render_template
 
 pytestmark = pytest.mark.django_db
 

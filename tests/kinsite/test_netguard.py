@@ -1,6 +1,6 @@
 """kinsite.netguard, the SSRF guard for outbound fetches: which addresses a policy refuses
 (however they are embedded), the allow-list, and the fetch's mechanics beyond the http_json
-node's tests (tests/workflows/test_http_source.py): TLS by host name over a pinned address,
+node's tests (tests/workflows/nodes/test_http.py): TLS by host name over a pinned address,
 falling back across the checked addresses, and a deadline that covers the lookup too."""
 import ipaddress
 import shutil

@@ -1,9 +1,9 @@
 """CURRENT CANVAS (SPEC §9), the pure part: the node inventory, each terminal node's counts
 and lineage narrative, within the character budget, whole lines only."""
 from workflows.canvas import canvas_text
-from workflows.executor import describe_node_info
 from workflows.lineage import EdgeInfo, GraphInfo, NodeInfo
-from workflows.services import config_fingerprint
+from workflows.nodes import config_fingerprint
+from workflows.selectors import describe_node_info
 
 
 def ran(node_id, node_type, config, *, label="", records_in=None, records_out=0, status="done"):

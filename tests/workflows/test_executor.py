@@ -7,6 +7,7 @@ from kinsite.models import LLMCall
 from workflows import services
 from workflows.executor import workflow_run_wave
 from workflows.models import Node, NodeResult, NodeRun, WorkflowRun
+from workflows.nodes import config_fingerprint
 
 pytestmark = pytest.mark.django_db
 
@@ -151,7 +152,7 @@ def test_rerun_bumps_results_versions_and_records_fingerprints(team, django_capt
     second = _run(workflow, django_capture_on_commit_callbacks)
 
     keep = _nodes(workflow)["keep"]
-    fingerprint = services.config_fingerprint("filter", document["nodes"][1]["config"])
+    fingerprint = config_fingerprint("filter", document["nodes"][1]["config"])
     assert keep.results_version == 2
     assert keep.config_fingerprint == fingerprint
     assert sorted(NodeResult.objects.filter(node=keep).values_list("version", "config_fingerprint")) == [

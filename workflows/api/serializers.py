@@ -4,9 +4,9 @@ is validated by workflows.services.document_clean (it needs graph checks a field
 serializer cannot express)."""
 from rest_framework import serializers
 
-from workflows import registry
 from workflows.models import Node, NodeRun, Workflow, WorkflowRun
-from workflows.services import DESCRIPTION_MAX_CHARS, config_fingerprint, workflow_export
+from workflows.nodes import config_fingerprint, describe
+from workflows.services import DESCRIPTION_MAX_CHARS, workflow_export
 
 LINEAGE_FORMATS = ["json", "narrative", "prov", "openlineage"]
 LINEAGE_MAX_CHARS_LIMIT = 100_000
@@ -56,7 +56,7 @@ def node_state(node: Node) -> dict:
         "current_fingerprint": config_fingerprint(node.type, node.config),
         "error": node.error,
         "last_run_at": node.last_run_at.isoformat().replace("+00:00", "Z") if node.last_run_at else None,
-        "description": registry.describe(
+        "description": describe(
             node.type, node.config, label=node.label, records_in=node.records_in, records_out=node.records_out
         ),
     }

@@ -22,8 +22,8 @@ from workflows.api.serializers import (
     WorkflowSummarySerializer,
     workflow_detail,
 )
-from workflows.executor import node_lineage, node_lineage_export
 from workflows.models import Workflow, WorkflowRun
+from workflows.selectors import node_lineage, node_lineage_export
 
 
 def _detail_response(workflow: Workflow, *, status_code: int = status.HTTP_200_OK) -> Response:

@@ -1,17 +1,21 @@
-"""The `http_json` source against SSRF (SPEC §13): a team's workflow never reaches loopback,
-private, link-local or metadata addresses, however spelled, resolved or redirected to, unless
-the operator allows them; every failed fetch reads the same, so answers cannot map ports.
-Real servers on 127.0.0.1; any other address is refused by a connect recorder before a packet
-leaves (tests.support.outbound)."""
+"""The `http_json` source: records read at a path, and SSRF (SPEC §13): a team's workflow
+never reaches loopback, private, link-local or metadata addresses, however spelled, resolved
+or redirected to, unless the operator allows them; every failed fetch reads the same, so
+answers cannot map ports. Real servers on 127.0.0.1; any other address is refused by a
+connect recorder before a packet leaves (tests.support.outbound)."""
+import json
 import logging
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.urls import reverse
 
 from tests.sessions_app.test_api_access import assert_api_error
 from tests.support.outbound import LocalServer, closed_port, record_connections, scripted_dns
-from workflows.registry import NODE_TYPES, NodeError, RunContext, validate_params
+from tests.workflows.nodes.support import PEOPLE, run
+from workflows.nodes import NODE_TYPES, NodeError, RunContext, describe, validate_params
 
 SECRET = {"token": "s3cret-from-the-inside"}
 
@@ -19,7 +23,7 @@ SECRET = {"token": "s3cret-from-the-inside"}
 def fetch(url):
     config = {"url": url}
     assert validate_params(NODE_TYPES["http_json"], config) == []
-    return NODE_TYPES["http_json"].runner(RunContext(), config, [])
+    return NODE_TYPES["http_json"].run(RunContext(), config, [])
 
 
 def neutral(url, *, seconds=10, max_bytes=5 * 1024 * 1024):
@@ -61,7 +65,7 @@ def no_real_dns(monkeypatch):
 def test_loopback_in_any_spelling_is_refused_before_connecting(server, connections, host, caplog):
     url = f"http://{host}:{server.port}/secret"
 
-    with caplog.at_level(logging.WARNING, logger="workflows.registry"):
+    with caplog.at_level(logging.WARNING, logger="workflows.nodes.http"):
         assert failure(url) == neutral(url)
 
     assert server.hits == [] and connections == []
@@ -277,3 +281,64 @@ def test_the_api_refuses_credentials_in_a_url(api_client):
     error = assert_api_error(api_client.post("/api/v1/workflows/", document, format="json"), 400,
                              code="invalid_workflow")
     assert "must not contain a user name or password" in str(error)
+
+
+# --- reading records (a plain local JSON server, allowed by the test) ----------------------------
+
+
+class _JSONHandler(BaseHTTPRequestHandler):
+    routes: dict = {}
+
+    def do_GET(self):
+        status, body = self.routes.get(self.path, (404, b"{}"))
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def json_server():
+    handler = type("Handler", (_JSONHandler,), {"routes": {}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    yield handler.routes, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_json_source_reads_records_at_a_path(json_server, settings):
+    # Loopback is refused unless allowed (the tests above); the test server is.
+    settings.WORKFLOW_HTTP_ALLOWED_HOSTS = ["127.0.0.1"]
+    routes, base = json_server
+    routes["/people"] = (200, json.dumps({"data": {"items": PEOPLE[:2]}}).encode())
+    config = {"url": f"{base}/people", "path": "data.items"}
+
+    assert run("http_json", config) == PEOPLE[:2]
+    assert describe("http_json", config, records_out=2) == (
+        f"Fetches JSON from {base}/people at path data.items (2 records out)."
+    )
+
+
+def test_http_json_source_reports_http_errors_and_size_cap(json_server, settings):
+    settings.WORKFLOW_HTTP_ALLOWED_HOSTS = ["127.0.0.1"]
+    settings.WORKFLOW_HTTP_MAX_BYTES = 100
+    routes, base = json_server
+    routes["/big"] = (200, json.dumps([{"x": "y" * 100}] * 10).encode())
+
+    # Both read alike, on purpose: the reason goes to the server log only.
+    with pytest.raises(NodeError, match=f"Could not fetch JSON from {base}/missing: .* 100 bytes"):
+        run("http_json", {"url": f"{base}/missing"})
+    with pytest.raises(NodeError, match=f"Could not fetch JSON from {base}/big: .* 100 bytes"):
+        run("http_json", {"url": f"{base}/big"})
+
+
+def test_http_json_source_refuses_non_http_urls():
+    assert validate_params(NODE_TYPES["http_json"], {"url": "file:///etc/passwd"}) == [
+        "'url' must be an http:// or https:// address."
+    ]
