@@ -16,8 +16,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from kinsite.models import Team
-from memories import selectors, services
+from memories import services
 from memories.models import Memory
+from memories.search import memory_search
 from sessions_app.models import Kin
 
 CONTENT_MAX_CHARS = 4_000
@@ -230,11 +231,14 @@ def _describe(memory: Memory) -> dict[str, Any]:
 
 def _recall(count_retrieval: bool):
     def run(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-        hits = selectors.memory_search(
+        hits = memory_search(
             team=context.team, kin=context.kin, query=args["query"],
             limit=args.get("limit", settings.MEMORY_TOP_K), category=args.get("category", ""),
-            count_retrieval=count_retrieval,
         )
+        if count_retrieval:
+            # The recall tool counts what it serves. The prompt's memories are counted by
+            # their turn, when it stores the reply.
+            services.memory_hits_mark_retrieved(hits=hits)
         return {"memories": [_describe(hit.memory) for hit in hits]}
 
     return run
