@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kinsite.tools import Tool, ToolArgumentError, ToolContext, check_arguments, function_schema
-from memories.tools import _own_active_memory, memory_toolset  # the memory tools' own checks: one source of truth
+from memories.tools import _own_active_memory, memory_toolset  # the memory tools' own schemas and checks
 
 WORKING_MEMORY_MAX_CHARS = 8_000
 DESCRIPTION_MAX_CHARS = 300
