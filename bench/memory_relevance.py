@@ -1,7 +1,7 @@
 """Memory-search relevance benchmark on LoCoMo: every dialogue turn becomes a memory of
 one kin (plus synthetic filler), every QA question is a query, and the turns it cites
 are the answer key. Reports evidence recall, hit rate, MRR, latency and BM25 candidate
-counts for a grid of common-term settings (memories.selectors.COMMON_TERM_SHARE /
+counts for a grid of common-term settings (memories.search.postgres.COMMON_TERM_SHARE /
 COMMON_TERM_MIN_DOCS) against an exhaustive baseline. See bench/README.md.
 
     python bench/memory_relevance.py                 # SQLite (a temp file): default setting only
@@ -118,7 +118,8 @@ class CandidateCounter:
         from django.db import connection
 
         from kinsite.textsearch import query_terms
-        from memories import selectors
+        from memories.search import candidates as search_candidates
+        from memories.search import postgres
 
         if question not in self.lexemes:
             with connection.cursor() as cursor:
@@ -128,8 +129,8 @@ class CandidateCounter:
         lexemes = self.lexemes[question]
         if not lexemes:
             return 0
-        scope_sql, params = selectors._scope_sql(team=team, kin=kin, include_shared=True)
-        stats = selectors._scope_stats_postgresql(scope_sql, params, True)
+        scope_sql, params = search_candidates.scope_sql(team=team, kin=kin, include_shared=True)
+        stats = postgres.scope_stats(scope_sql, params, True)
         rare = [lexeme for lexeme in lexemes if lexeme not in stats.common]
         common = sorted((lexeme for lexeme in lexemes if lexeme in stats.common),
                         key=lambda lexeme: (stats.common[lexeme], lexeme))
@@ -202,8 +203,7 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
     from django.db import connection
 
     from kinsite.services import team_create
-    from memories import selectors
-    from memories.selectors import memory_search
+    from memories.search import memory_search, postgres
 
     ks = tuple(sorted({5, 10, top_k}))
     limit = max(ks)
@@ -228,7 +228,7 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
         cursor.execute("ANALYZE")  # fresh planner statistics after the bulk load
     load_seconds = time.perf_counter() - started
 
-    default = (selectors.COMMON_TERM_SHARE, selectors.COMMON_TERM_MIN_DOCS)
+    default = (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
     if connection.vendor == "postgresql":
         grid = [(share, docs) for share in shares for docs in min_docs]
         if default not in grid:
@@ -241,14 +241,14 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
     results = []
     try:
         for share, docs in grid:
-            selectors.COMMON_TERM_SHARE, selectors.COMMON_TERM_MIN_DOCS = share, docs
+            postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS = share, docs
             cache.clear()
             for kin in kins.values():  # warm-up: scope statistics (ts_stat), plans
                 memory_search(team=team, kin=kin, query="hello there", limit=limit)
             results.append(_ask(questions, kins, team=team, ks=ks, limit=limit, count_candidates=count_candidates,
                                 share=share, min_docs=docs, default=default))
     finally:
-        selectors.COMMON_TERM_SHARE, selectors.COMMON_TERM_MIN_DOCS = default
+        postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS = default
         cache.clear()
 
     exhaustive = next((result for result in results if result["exhaustive"]), None)
@@ -284,15 +284,15 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
 
 def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs, default) -> dict:
     """Every question under the setting in force; figures of this setting."""
-    from memories import selectors
-    from memories.selectors import memory_search
+    from memories.search import candidates as search_candidates
+    from memories.search import memory_search, postgres
 
     rows, latencies, candidates = [], [], []
     by_category, by_conversation = defaultdict(list), defaultdict(list)
     for question in questions:
         kin = kins[question["conversation"]]
         begun = time.perf_counter()
-        hits = memory_search(team=team, kin=kin, query=question["question"], limit=limit, count_retrieval=False)
+        hits = memory_search(team=team, kin=kin, query=question["question"], limit=limit)
         latencies.append((time.perf_counter() - begun) * 1000)
         row = question_row(question["evidence_memory_ids"], [hit.memory.pk for hit in hits], ks)
         rows.append(row)
@@ -305,8 +305,8 @@ def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs,
         # The common lexemes of each scope under this setting (from the statistics just cached).
         common_lexemes = {}
         for conversation_id, kin in kins.items():
-            scope_sql, params = selectors._scope_sql(team=team, kin=kin, include_shared=True)
-            stats = selectors._scope_stats_postgresql(scope_sql, params, True)
+            scope_sql, params = search_candidates.scope_sql(team=team, kin=kin, include_shared=True)
+            stats = postgres.scope_stats(scope_sql, params, True)
             common_lexemes[conversation_id] = {"threshold": max(min_docs, math.ceil(share * stats.count)),
                                                "count": len(stats.common)}
     recall_key = f"recall@{10 if 10 in ks else max(ks)}"

@@ -1,5 +1,5 @@
 """Memory-search benchmark: 100,000 memories across 10 kins of one team, then
-p50/p95 latency of memories.selectors.memory_search for queries drawn from the
+p50/p95 latency of memories.search.memory_search for queries drawn from the
 same vocabulary. See bench/README.md.
 
     python bench/memory_search.py                 # SQLite (a temp file)
@@ -23,7 +23,7 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int) -> dict:
     from django.conf import settings
     from django.db import connection
 
-    from memories.selectors import memory_search
+    from memories.search import memory_search
 
     team, kin_rows, load_seconds = memories_populate(kins=kins, per_kin=per_kin, seed=seed)
     with connection.cursor() as cursor:

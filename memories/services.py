@@ -8,8 +8,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from kinsite.models import Team
-from memories import selectors
+from memories.embeddings import Embedding, memory_embed
 from memories.models import Memory, MemoryChange
+from memories.search import MemoryHit, memory_find_duplicate
 from sessions_app.models import Kin
 
 # The fields a change row snapshots, and the ones callers may edit.
@@ -66,9 +67,9 @@ def memory_add(
     wins, the higher importance is kept) and no new row is made."""
     # The embedder is called before the transaction: no row lock is held during a
     # network call, and a failing embedder only costs the vector (memory_embed logs it).
-    embedding = selectors.memory_embed(team=team, kin=kin, text=content, purpose="memory_embed")
+    embedding = memory_embed(team=team, kin=kin, text=content, purpose="memory_embed")
     with transaction.atomic():
-        duplicate = selectors.memory_find_duplicate(
+        duplicate = memory_find_duplicate(
             team=team, kin=kin, content=content, subject=subject, embedding=embedding
         )
         if duplicate is not None:
@@ -103,14 +104,13 @@ def memory_update(*, memory: Memory, actor: Actor, reason: str = "", **fields) -
         raise TypeError(f"memory_update got fields it cannot edit: {sorted(unknown)}")
     embedding = None
     if "content" in fields and fields["content"] != memory.content:
-        embedding = selectors.memory_embed(team=memory.team, kin=memory.kin, text=fields["content"],
-                                           purpose="memory_embed")
+        embedding = memory_embed(team=memory.team, kin=memory.kin, text=fields["content"], purpose="memory_embed")
     return _update(memory=memory, actor=actor, reason=reason, fields=fields, embedding=embedding)
 
 
 @transaction.atomic
 def _update(*, memory: Memory, actor: Actor, reason: str, fields: dict,
-            embedding: "selectors.Embedding | None") -> Memory:
+            embedding: Embedding | None) -> Memory:
     memory = Memory.objects.select_for_update().get(pk=memory.pk)
     before = _snapshot(memory)
     content_changed = "content" in fields and fields["content"] != memory.content
@@ -158,3 +158,12 @@ def memories_mark_retrieved(*, memory_ids: list[int], now: datetime | None = Non
         Memory.objects.filter(pk__in=memory_ids).update(retrieval_count=F("retrieval_count") + 1,
                                                         last_retrieved_at=now)
     return now
+
+
+def memory_hits_mark_retrieved(*, hits: list[MemoryHit]) -> None:
+    """Count one retrieval for each memory a recall served (memories_mark_retrieved); the
+    hits' memories then carry the counts as stored."""
+    retrieved_at = memories_mark_retrieved(memory_ids=[hit.memory.pk for hit in hits])
+    for hit in hits:
+        hit.memory.retrieval_count += 1
+        hit.memory.last_retrieved_at = retrieved_at

@@ -1,51 +1,21 @@
-"""The memory tools as a model sees them: OpenAI function schemas plus handlers.
-
-A handler takes a ToolContext and the raw arguments string the model sent, and returns
-a short text for the model: JSON on success, "Error: ..." when the arguments are
-unusable (never an exception, so the tool loop can hand the error back to the model).
-The schemas are the single source of truth for validation (check_arguments reads them).
+"""The memory tools as a model sees them: OpenAI function schemas plus handlers, built
+on the generic tool machinery of kinsite.tools (ToolContext, check_arguments: a handler
+answers "Error: ..." for unusable arguments, never an exception).
 """
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
-from kinsite.models import Team
-from memories import selectors, services
+from kinsite.tools import Tool, ToolArgumentError, ToolContext, function_schema, tool_from
+from memories import services
 from memories.models import Memory
-from sessions_app.models import Kin
+from memories.search import memory_search
 
 CONTENT_MAX_CHARS = 4_000
 RECALL_MAX_LIMIT = 50
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """Who is calling: the kin whose memories these are, the change-log actor, and the
-    source recorded on memories it adds (e.g. Memory.Source.TOOL / "event:345")."""
-
-    team: Team
-    kin: Kin
-    actor: services.Actor
-    source: str = Memory.Source.TOOL
-    source_ref: str = ""
-
-
-Handler = Callable[[ToolContext, str], str]
-
-
-class MemoryTool(NamedTuple):
-    schema: dict[str, Any]
-    handler: Handler
-
-
-class ToolArgumentError(ValueError):
-    pass
 
 
 # --- schemas --------------------------------------------------------------------------------
@@ -66,20 +36,7 @@ _ID = {"type": "integer", "minimum": 1, "description": "The memory's id, as retu
 _REASON = {"type": "string", "maxLength": 500, "description": "Why, in a few words (kept in the memory's history)."}
 
 
-def _schema(name: str, description: str, properties: dict, required: list[str]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "description": description,
-        "parameters": {
-            "type": "object",
-            "properties": properties,
-            "required": required,
-            "additionalProperties": False,
-        },
-    }
-
-
-RECALL_SCHEMA = _schema(
+RECALL_SCHEMA = function_schema(
     "memory_recall",
     "Search long-term memories (yours and your team's shared ones) by meaning and words. "
     "Use it before answering from memory.",
@@ -95,7 +52,7 @@ RECALL_SCHEMA = _schema(
 
 
 def _add_schema(name: str, description: str) -> dict[str, Any]:
-    return _schema(
+    return function_schema(
         name, description,
         {"content": _CONTENT, "category": _CATEGORY, "subject": _SUBJECT, "importance": _IMPORTANCE},
         ["content", "category"],
@@ -111,7 +68,7 @@ ADD_SCHEMA = _add_schema(
     "memory_add",
     "Add a long-term memory for this kin. If it repeats an existing memory, that one is updated.",
 )
-UPDATE_SCHEMA = _schema(
+UPDATE_SCHEMA = function_schema(
     "memory_update",
     "Change one of your memories (give its id and only the fields that change).",
     {"id": _ID, "content": _CONTENT, "category": _CATEGORY, "subject": _SUBJECT, "importance": _IMPORTANCE,
@@ -121,7 +78,7 @@ UPDATE_SCHEMA = _schema(
 
 
 def _remove_schema(name: str, description: str) -> dict[str, Any]:
-    return _schema(name, description, {"id": _ID, "reason": {**_REASON, "minLength": 1}}, ["id", "reason"])
+    return function_schema(name, description, {"id": _ID, "reason": {**_REASON, "minLength": 1}}, ["id", "reason"])
 
 
 FORGET_SCHEMA = _remove_schema(
@@ -130,54 +87,6 @@ FORGET_SCHEMA = _remove_schema(
 DELETE_SCHEMA = _remove_schema(
     "memory_delete", "Delete a memory that is wrong or no longer true (it stays in the audit history)."
 )
-
-
-# --- argument checking ----------------------------------------------------------------------
-
-
-def check_arguments(schema: dict[str, Any], raw: str) -> dict[str, Any]:
-    """The arguments as a dict, checked against the schema's parameters (the subset of
-    JSON Schema used above), or ToolArgumentError with a message the model can act on."""
-    try:
-        args = json.loads(raw) if raw and raw.strip() else {}
-    except (TypeError, ValueError):
-        raise ToolArgumentError("the arguments are not valid JSON.")
-    if not isinstance(args, dict):
-        raise ToolArgumentError("the arguments must be a JSON object.")
-    parameters = schema["parameters"]
-    properties = parameters["properties"]
-    extra = sorted(set(args) - set(properties))
-    if extra:
-        raise ToolArgumentError(f"unknown argument(s): {', '.join(extra)}; allowed: {', '.join(properties)}.")
-    missing = [name for name in parameters["required"] if name not in args or args[name] is None]
-    if missing:
-        raise ToolArgumentError(f"missing required argument(s): {', '.join(missing)}.")
-    checked = {}
-    for name, value in args.items():
-        if value is None:
-            continue  # an optional argument sent as null means "not given"
-        spec = properties[name]
-        if spec["type"] == "integer":
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ToolArgumentError(f"{name} must be an integer.")
-            if value < spec.get("minimum", value) or value > spec.get("maximum", value):
-                raise ToolArgumentError(f"{name} must be between {spec['minimum']} and {spec['maximum']}.")
-        elif spec["type"] == "string":
-            if not isinstance(value, str):
-                raise ToolArgumentError(f"{name} must be a string.")
-            value = value.strip()
-            if "\x00" in value:
-                raise ToolArgumentError(f"{name} must not contain NUL characters.")
-            if "enum" in spec and value not in spec["enum"]:
-                raise ToolArgumentError(f"{name} must be one of: {', '.join(spec['enum'])}.")
-            if len(value) < spec.get("minLength", 0):
-                raise ToolArgumentError(f"{name} must not be empty.")
-            if len(value) > spec.get("maxLength", len(value)):
-                raise ToolArgumentError(f"{name} is longer than {spec['maxLength']} characters.")
-        checked[name] = value
-    return checked
 
 
 def _own_active_memory(context: ToolContext, memory_id: int) -> Memory:
@@ -192,17 +101,6 @@ def _own_active_memory(context: ToolContext, memory_id: int) -> Memory:
             "(team-shared memories are changed by the team in the dashboard)."
         )
     return memory
-
-
-def tool_from(schema: dict[str, Any], run: Callable[[ToolContext, dict[str, Any]], dict[str, Any]]) -> MemoryTool:
-    def handler(context: ToolContext, raw_arguments: str) -> str:
-        try:
-            return json.dumps(run(context, check_arguments(schema, raw_arguments)), ensure_ascii=False)
-        except ToolArgumentError as exc:
-            return f"Error: {exc}"
-
-    handler.__name__ = f"{schema['name']}_handler"
-    return MemoryTool(schema=schema, handler=handler)
 
 
 # --- handlers -------------------------------------------------------------------------------
@@ -230,11 +128,14 @@ def _describe(memory: Memory) -> dict[str, Any]:
 
 def _recall(count_retrieval: bool):
     def run(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-        hits = selectors.memory_search(
+        hits = memory_search(
             team=context.team, kin=context.kin, query=args["query"],
             limit=args.get("limit", settings.MEMORY_TOP_K), category=args.get("category", ""),
-            count_retrieval=count_retrieval,
         )
+        if count_retrieval:
+            # The recall tool counts what it serves. The prompt's memories are counted by
+            # their turn, when it stores the reply.
+            services.memory_hits_mark_retrieved(hits=hits)
         return {"memories": [_describe(hit.memory) for hit in hits]}
 
     return run
@@ -267,7 +168,7 @@ def _delete(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
 # --- registry -------------------------------------------------------------------------------
 
 
-def memory_toolset(kind: str) -> dict[str, MemoryTool]:
+def memory_toolset(kind: str) -> dict[str, Tool]:
     """The memory tools by name for "kin" (a chat turn: memory_recall, memorize,
     memory_update, memory_forget) or "introspection" (memory_recall, memory_add,
     memory_update, memory_delete)."""

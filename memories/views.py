@@ -1,6 +1,6 @@
 """Dashboard pages for a kin's memories: browse and search (htmx partial), add,
 edit, delete (after a confirmation) and each memory's history. Reads go through
-memories.selectors scoped to the user's team (other teams' ids answer 404);
+memories.selectors and memories.search scoped to the user's team (other teams' ids answer 404);
 writes go through memories.services with the signed-in user as the actor."""
 from dataclasses import dataclass
 
@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
 from kinsite.views import render_partial_or_page, team_required
-from memories import selectors, services
+from memories import search, selectors, services
 from memories.api.serializers import MEMORY_CONTENT_MAX_CHARS
 from memories.models import Memory
 from sessions_app.selectors import kin_get
@@ -66,7 +66,7 @@ def memory_list(request, kin_id: int):
     }
     if q:
         # Search ranks active memories only, so the status filter does not apply to it.
-        context["hits"] = selectors.memory_search(
+        context["hits"] = search.memory_search(
             team=request.team, kin=kin, query=q, limit=settings.SEARCH_MAX_LIMIT, category=category
         )
     else:

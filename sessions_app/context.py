@@ -23,7 +23,7 @@ from kinsite.models import Team
 from kinsite.prompt_safety import one_line
 from kinsite.rawsql import aware_datetime
 from kinsite.tokencount import count_tokens
-from memories.selectors import memory_search
+from memories.search import memory_search
 from sessions_app.history import HistoryItem, select_history
 from sessions_app.models import HISTORY_KINDS, Event, Kin, MessageCount, Session, Summary, Turn
 from sessions_app.prompt import (

@@ -38,9 +38,9 @@ from kinsite.llm.gateway import llm_chat
 from kinsite.prompt_safety import one_line, quoted
 from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
 from kinsite.tokencount import count_tokens
+from kinsite.tools import ToolContext
 from memories.models import Memory
 from memories.services import Actor
-from memories.tools import ToolContext
 from sessions_app.compaction import transcript_line
 from sessions_app.introspection_tools import (
     DESCRIPTION_MAX_CHARS,

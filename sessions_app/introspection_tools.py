@@ -14,20 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from memories.tools import (  # the memory tools' own schemas and checks: one source of truth
-    MemoryTool,
-    ToolArgumentError,
-    ToolContext,
-    check_arguments,
-    _own_active_memory,
-    _schema,
-    memory_toolset,
-)
+from kinsite.tools import Tool, ToolArgumentError, ToolContext, check_arguments, function_schema
+from memories.tools import _own_active_memory, memory_toolset  # the memory tools' own schemas and checks
 
 WORKING_MEMORY_MAX_CHARS = 8_000
 DESCRIPTION_MAX_CHARS = 300
 
-WORKING_MEMORY_SCHEMA = _schema(
+WORKING_MEMORY_SCHEMA = function_schema(
     "working_memory_update",
     "Replace this session's working memory with a new, complete version: goal, status, next steps, "
     "open questions. It replaces the old one entirely; an empty string clears it.",
@@ -36,7 +29,7 @@ WORKING_MEMORY_SCHEMA = _schema(
                                 "'> ' quote marks the prompt shows the current one with."}},
     ["content"],
 )
-DESCRIPTION_SCHEMA = _schema(
+DESCRIPTION_SCHEMA = function_schema(
     "session_description_update",
     "Set this session's description: one short line saying what the session is about.",
     {"description": {"type": "string", "minLength": 1, "maxLength": DESCRIPTION_MAX_CHARS,
@@ -82,14 +75,14 @@ def _staged(action: str, **extra: Any) -> str:
                        "note": "applied when this introspection finishes", **extra}, ensure_ascii=False)
 
 
-def _run_now(tool: MemoryTool) -> Stage:
+def _run_now(tool: Tool) -> Stage:
     def stage(context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
         return tool.handler(context, raw)
 
     return stage
 
 
-def _stage_memory_write(tool: MemoryTool) -> Stage:
+def _stage_memory_write(tool: Tool) -> Stage:
     name = tool.schema["name"]
 
     def stage(context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:

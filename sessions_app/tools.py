@@ -2,9 +2,9 @@
 `record_learning` (a pending fact for the nightly consolidation, SPEC §8) and, in a
 session attached to a workflow, `workflow_lineage` (SPEC §9).
 
-Every handler takes a memories.tools.ToolContext and the raw arguments string, and
+Every handler takes a kinsite.tools.ToolContext and the raw arguments string, and
 returns text for the model ("Error: ..." for unusable arguments, never an exception);
-arguments are checked against the schemas by memories.tools.check_arguments."""
+arguments are checked against the schemas by kinsite.tools.check_arguments."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +13,8 @@ from django.conf import settings
 
 from consolidation.models import Fact
 from consolidation.services import STATEMENT_MAX_CHARS, fact_record
-from memories.tools import MemoryTool, ToolArgumentError, ToolContext, memory_toolset, tool_from
+from kinsite.tools import Tool, ToolArgumentError, ToolContext, tool_from
+from memories.tools import memory_toolset
 from sessions_app.selectors import history_search
 
 SEARCH_HISTORY_MAX_LIMIT = 20
@@ -107,8 +108,8 @@ WORKFLOW_LINEAGE_SCHEMA: dict[str, Any] = {
 }
 
 
-def _workflow_lineage_tool(workflow_id: int) -> MemoryTool:
-    # Bound to the session's workflow here, so ToolContext stays the memory tools' context.
+def _workflow_lineage_tool(workflow_id: int) -> Tool:
+    # Bound to the session's workflow here, so ToolContext stays the same for every tool.
     def run(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
         from workflows.models import Node, Workflow
         from workflows.selectors import node_lineage, node_lineage_export
@@ -135,7 +136,7 @@ SEARCH_HISTORY_TOOL = tool_from(SEARCH_HISTORY_SCHEMA, _search_history)
 RECORD_LEARNING_TOOL = tool_from(RECORD_LEARNING_SCHEMA, _record_learning)
 
 
-def kin_toolset(*, workflow_id: int | None = None) -> dict[str, MemoryTool]:
+def kin_toolset(*, workflow_id: int | None = None) -> dict[str, Tool]:
     """The tools a kin may call in a chat turn, by name; `workflow_lineage` only in a session
     attached to a workflow (pass its `workflow_id`)."""
     tools = dict(memory_toolset("kin"))

@@ -33,9 +33,9 @@ from kinsite.errors import ServiceUnavailable, UpstreamError
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.types import LLMError, ToolCall
 from kinsite.tokencount import count_tokens
+from kinsite.tools import Tool, ToolContext
 from memories.models import Memory
 from memories.services import Actor, memories_mark_retrieved
-from memories.tools import MemoryTool, ToolContext
 from sessions_app.compaction import compaction_needed
 from sessions_app.context import prompt_assemble
 from sessions_app.introspection import IntrospectionDisabled, introspection_after_turn, introspection_request
@@ -544,7 +544,7 @@ def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock
         )
 
 
-def _tool_run(tools: dict[str, MemoryTool], call: ToolCall, context: ToolContext) -> str:
+def _tool_run(tools: dict[str, Tool], call: ToolCall, context: ToolContext) -> str:
     """The text answer of one tool call; unknown tools and failures become error text."""
     tool = tools.get(call.name)
     if tool is None:

@@ -1,6 +1,6 @@
 """API views for a kin's memories, one memory, its change log and memory search.
-Reads come from memories.selectors (scoped to the token's team); writes go through
-memories.services with the token as the actor."""
+Reads come from memories.selectors and memories.search (scoped to the token's team);
+writes go through memories.services with the token as the actor."""
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.generics import ListAPIView
@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
 from kinsite.errors import Conflict
-from memories import selectors, services
+from memories import search, selectors, services
 from memories.api.serializers import (
     LIST_STATUS_ALL,
     MemoryAddResponseSerializer,
@@ -168,7 +168,7 @@ class KinMemorySearchView(APIView):
         kin = kin_get(team=team, kin_id=kin_id)
         params = MemorySearchQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
-        hits = selectors.memory_search(
+        hits = search.memory_search(
             team=team, kin=kin, query=params.validated_data["q"], limit=params.validated_data["limit"]
         )
         return Response({"results": MemoryHitSerializer(hits, many=True).data})

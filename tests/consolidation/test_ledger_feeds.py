@@ -11,9 +11,9 @@ from django.utils import timezone
 from consolidation.models import ExperienceVersion, Fact
 from consolidation.services import consolidation_run
 from kinsite.llm.types import LLMHTTPError
+from kinsite.tools import ToolContext
 from memories.models import Memory
 from memories.services import Actor
-from memories.tools import ToolContext
 from sessions_app.context import prompt_assemble
 from sessions_app.introspection import introspection_request
 from sessions_app.models import Session

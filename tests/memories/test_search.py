@@ -1,5 +1,5 @@
-"""Memory search: scope, ranking signals, relevance cut-off, odd input, retrieval
-counting, and the vector path with a fake embedder."""
+"""Memory search: scope, ranking signals, relevance cut-off, odd input, hits built
+without reading them again, and the vector path with a fake embedder."""
 import uuid
 from datetime import timedelta
 
@@ -10,7 +10,7 @@ from django.utils import timezone
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from memories import services
 from memories.models import Memory
-from memories.selectors import memory_search
+from memories.search import memory_search
 from memories.services import Actor
 from tests.factories import KinFactory, MemoryFactory
 from tests.memories.embedders import BrokenEmbedder, SynonymEmbedder
@@ -141,21 +141,6 @@ def test_any_query_text_is_safe(team, kin, query):
         assert hits == []
 
 
-def test_retrieval_is_counted_only_when_asked(team, kin):
-    hit_memory = add(team, kin, "The printer is on the third floor")
-    miss = add(team, kin, "Parking is free on weekends")
-    search(team, kin, "printer")
-    hit_memory.refresh_from_db()
-    assert hit_memory.retrieval_count == 0 and hit_memory.last_retrieved_at is None
-
-    search(team, kin, "printer floor", count_retrieval=True)
-    search(team, kin, "printer", count_retrieval=True)
-    hit_memory.refresh_from_db()
-    miss.refresh_from_db()
-    assert hit_memory.retrieval_count == 2 and hit_memory.last_retrieved_at is not None
-    assert miss.retrieval_count == 0
-
-
 def test_hits_carry_every_field_as_stored_without_reading_them_again(team, kin, django_assert_num_queries):
     hit_memory = add(team, kin, "The printer is on the third floor", subject="office", importance=7)
     Memory.objects.filter(pk=hit_memory.pk).update(retrieval_count=4, last_retrieved_at=timezone.now(),
@@ -177,16 +162,6 @@ def test_hits_carry_every_field_as_stored_without_reading_them_again(team, kin, 
                 assert getattr(got, field.attname) == getattr(stored, field.attname), field.name
     with django_assert_num_queries(0):
         assert hits[hit_memory.pk].kin == kin and hits[shared.pk].kin is None
-
-
-def test_counted_hits_carry_the_counts_they_were_given(team, kin):
-    memory = add(team, kin, "The printer is on the third floor")
-
-    [hit] = search(team, kin, "printer", count_retrieval=True)
-
-    stored = Memory.objects.get(pk=memory.pk)
-    assert (hit.memory.retrieval_count, hit.memory.last_retrieved_at) == (1, stored.last_retrieved_at)
-    assert stored.retrieval_count == 1
 
 
 def test_category_filter(team, kin):
@@ -247,11 +222,11 @@ def test_query_count_is_bounded_and_does_not_grow_with_memories(team, kin, djang
 def common_terms(monkeypatch):
     """Switches common terms on (a lexeme in at least 3 memories and 30% of the scope is
     common; the production thresholds only bite at thousands of memories) or off."""
-    from memories import selectors
+    from memories.search import postgres
 
     def switch(on: bool):
-        monkeypatch.setattr(selectors, "COMMON_TERM_MIN_DOCS", 3 if on else 10**9)
-        monkeypatch.setattr(selectors, "COMMON_TERM_SHARE", 0.3)
+        monkeypatch.setattr(postgres, "COMMON_TERM_MIN_DOCS", 3 if on else 10**9)
+        monkeypatch.setattr(postgres, "COMMON_TERM_SHARE", 0.3)
         cache.clear()  # the common lexemes are part of the cached scope statistics
 
     return switch
@@ -325,10 +300,10 @@ def test_query_lexemes_are_read_once_per_term_and_match_the_whole_query(db, monk
     from django.db import connection
 
     from kinsite.textsearch import query_terms
-    from memories import selectors
+    from memories.search import postgres
 
-    monkeypatch.setattr(selectors, "_term_lexemes", {})
-    monkeypatch.setattr(selectors, "LEXEME_CACHE_TERMS", 8)
+    monkeypatch.setattr(postgres, "_term_lexemes", {})
+    monkeypatch.setattr(postgres, "LEXEME_CACHE_TERMS", 8)
 
     def whole_query(text):
         with connection.cursor() as cursor:
@@ -340,12 +315,12 @@ def test_query_lexemes_are_read_once_per_term_and_match_the_whole_query(db, monk
                             "printers deploy staging servers quarterly budgets running")
     expected = {text: whole_query(text) for text in (first, known, second, "don t s")}
     with django_assert_num_queries(1):
-        assert selectors._query_lexemes(query_terms(first)) == expected[first]
+        assert postgres._query_lexemes(query_terms(first)) == expected[first]
     with django_assert_num_queries(0):  # every term known
-        assert selectors._query_lexemes(query_terms(known)) == expected[known]
+        assert postgres._query_lexemes(query_terms(known)) == expected[known]
     # Over the bound the cache starts again; the answer is the same.
     with django_assert_num_queries(1):
-        assert selectors._query_lexemes(query_terms(second)) == expected[second]
-    assert len(selectors._term_lexemes) <= 8
+        assert postgres._query_lexemes(query_terms(second)) == expected[second]
+    assert len(postgres._term_lexemes) <= 8
     with django_assert_num_queries(1):  # PostgreSQL's stop words: no lexeme
-        assert selectors._query_lexemes(query_terms("don t s")) == [] == expected["don t s"]
+        assert postgres._query_lexemes(query_terms("don t s")) == [] == expected["don t s"]

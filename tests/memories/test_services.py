@@ -1,12 +1,13 @@
 """Memory writes: one change row per write, duplicate merging, delete and supersede,
-and vectors computed at write time without ever losing a memory to the embedder."""
+vectors computed at write time without ever losing a memory to the embedder, and
+retrieval counts."""
 import uuid
 
 import pytest
 
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.models import LLMCall
-from memories import ranking, selectors, services
+from memories import ranking, search, services
 from memories.models import Memory, MemoryChange
 from memories.services import Actor
 from tests.factories import KinFactory
@@ -61,13 +62,13 @@ def test_update_rejects_fields_it_cannot_edit(team, kin):
 
 def test_deleted_memory_leaves_search_but_keeps_its_history(team, kin):
     memory = add(team, kin, "The office wifi password is on the fridge").memory
-    assert [hit.memory for hit in selectors.memory_search(team=team, kin=kin, query="wifi password", limit=5)] == [memory]
+    assert [hit.memory for hit in search.memory_search(team=team, kin=kin, query="wifi password", limit=5)] == [memory]
 
     services.memory_delete(memory=memory, actor=ACTOR, reason="rotated")
 
     memory.refresh_from_db()
     assert memory.status == "deleted"
-    assert selectors.memory_search(team=team, kin=kin, query="wifi password", limit=5) == []
+    assert search.memory_search(team=team, kin=kin, query="wifi password", limit=5) == []
     add_change, delete_change = changes(memory)
     assert delete_change.action == "delete" and delete_change.reason == "rotated"
     assert delete_change.before["status"] == "active" and delete_change.after["status"] == "deleted"
@@ -82,7 +83,7 @@ def test_supersede_links_the_newer_memory_and_records_it(team, kin):
     change = changes(old)[-1]
     assert change.action == "supersede"
     assert change.before["superseded_by"] is None and change.after["superseded_by"] == new.pk
-    assert [hit.memory for hit in selectors.memory_search(team=team, kin=kin, query="CI", limit=5)] == [new]
+    assert [hit.memory for hit in search.memory_search(team=team, kin=kin, query="CI", limit=5)] == [new]
 
 
 # --- duplicates ---------------------------------------------------------------------------
@@ -228,3 +229,38 @@ def test_changing_content_re_embeds_and_a_failure_drops_the_stale_vector(team, k
         services.memory_update(memory=memory, actor=ACTOR, content="Releases happen every Tuesday")
     memory.refresh_from_db()
     assert memory.content == "Releases happen every Tuesday" and memory.embedding is None
+
+
+# --- retrievals ---------------------------------------------------------------------------
+
+
+def recall(team, kin, query):
+    """What the recall tool does: search, then count what it serves."""
+    hits = search.memory_search(team=team, kin=kin, query=query, limit=10)
+    services.memory_hits_mark_retrieved(hits=hits)
+    return hits
+
+
+def test_retrieval_is_counted_only_when_asked(team, kin):
+    hit_memory = add(team, kin, "The printer is on the third floor").memory
+    miss = add(team, kin, "Parking is free on weekends").memory
+    search.memory_search(team=team, kin=kin, query="printer", limit=10)
+    hit_memory.refresh_from_db()
+    assert hit_memory.retrieval_count == 0 and hit_memory.last_retrieved_at is None
+
+    recall(team, kin, "printer floor")
+    recall(team, kin, "printer")
+    hit_memory.refresh_from_db()
+    miss.refresh_from_db()
+    assert hit_memory.retrieval_count == 2 and hit_memory.last_retrieved_at is not None
+    assert miss.retrieval_count == 0
+
+
+def test_counted_hits_carry_the_counts_they_were_given(team, kin):
+    memory = add(team, kin, "The printer is on the third floor").memory
+
+    [hit] = recall(team, kin, "printer")
+
+    stored = Memory.objects.get(pk=memory.pk)
+    assert (hit.memory.retrieval_count, hit.memory.last_retrieved_at) == (1, stored.last_retrieved_at)
+    assert stored.retrieval_count == 1

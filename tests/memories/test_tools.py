@@ -6,10 +6,11 @@ import uuid
 import pytest
 from jsonschema import Draft202012Validator
 
+from kinsite.tools import ToolContext
 from memories import services
 from memories.models import Memory, MemoryChange
 from memories.services import Actor
-from memories.tools import ToolContext, memory_toolset
+from memories.tools import memory_toolset
 from tests.factories import KinFactory, MemoryFactory, TeamFactory
 
 

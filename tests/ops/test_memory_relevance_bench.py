@@ -9,7 +9,7 @@ from django.db import connection
 
 from bench.common import write_results
 from bench.memory_relevance import DATA_DIR, conversation_turns, load_conversations, run
-from memories import selectors
+from memories.search import postgres
 from memories.models import Memory
 
 FILLER = 300
@@ -32,11 +32,11 @@ def conversation():
 
 @pytest.fixture
 def figures(conversation):
-    defaults = (selectors.COMMON_TERM_SHARE, selectors.COMMON_TERM_MIN_DOCS)
+    defaults = (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
     figures = run(conversations=1, questions_per_conversation=QUESTIONS, filler=FILLER,
                   shares=[defaults[0]], min_docs=[defaults[1]])
-    # The grid changes the selector's module constants; they must be back afterwards.
-    assert (selectors.COMMON_TERM_SHARE, selectors.COMMON_TERM_MIN_DOCS) == defaults
+    # The grid changes the search's module constants; they must be back afterwards.
+    assert (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS) == defaults
     return figures
 
 

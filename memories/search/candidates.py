@@ -1,0 +1,67 @@
+"""What both full-text dialects (postgres.py, sqlite.py) return: a TextMatch per
+candidate, carrying the memory's row, so search reads no candidate again."""
+from datetime import datetime
+from typing import NamedTuple
+
+from django.db import connection
+from django.db.models import DateTimeField
+
+from kinsite.models import Team
+from kinsite.rawsql import aware_datetime
+from memories.models import Memory
+from sessions_app.models import Kin
+
+# A match in the subject counts half a match in the content (the tsvector weights it B,
+# FTS5 gets the column weight); matching the subject is rewarded again by ranking.
+SUBJECT_WEIGHT = 0.5
+
+
+class TextMatch(NamedTuple):
+    """A full-text candidate: BM25 score plus the fields ranking needs, and the memory's
+    row (`row`, see memory_from_row), read by the same query so search reads no candidate
+    again."""
+
+    id: int
+    score: float
+    importance: int
+    category: str
+    updated_at: datetime
+    subject: str
+    row: tuple
+
+
+def scope_sql(*, team: Team, kin: Kin | None, include_shared: bool) -> tuple[str, dict]:
+    """The WHERE clause (table alias m) and its parameters for a kin's memories, plus the
+    team-shared ones with include_shared; kin=None: the shared ones only."""
+    params = {"team": team.pk}
+    # PostgreSQL: the ids are cast to bigint, the columns' type, because btree_gin's
+    # operator classes (migration 0003) only serve same-type comparisons.
+    cast = "::bigint" if connection.vendor == "postgresql" else ""
+    if kin is None:
+        return f"m.team_id = %(team)s{cast} AND m.kin_id IS NULL", params
+    params["kin"] = kin.pk
+    if include_shared:
+        return f"m.team_id = %(team)s{cast} AND (m.kin_id = %(kin)s{cast} OR m.kin_id IS NULL)", params
+    return f"m.team_id = %(team)s{cast} AND m.kin_id = %(kin)s{cast}", params
+
+
+# The columns a search hit is built from: all of a memory's but its embedding (never
+# shown, and up to kilobytes). Timestamps travel as text and are parsed only for the
+# hits (Django's timestamptz loader is Python and ran for every candidate).
+_HIT_FIELDS = [f for f in Memory._meta.concrete_fields if f.name != "embedding"]
+_HIT_TIMESTAMPS = {i for i, f in enumerate(_HIT_FIELDS) if isinstance(f, DateTimeField)}
+_HIT_ATTNAMES = [f.attname for f in _HIT_FIELDS]
+
+
+def hit_columns_sql(alias: str) -> str:
+    return ", ".join(
+        f"CAST({alias}.{f.column} AS TEXT)" if i in _HIT_TIMESTAMPS else f"{alias}.{f.column}"
+        for i, f in enumerate(_HIT_FIELDS)
+    )
+
+
+def memory_from_row(row: tuple) -> Memory:
+    """A Memory instance from the hit_columns_sql columns, its embedding deferred."""
+    values = [aware_datetime(value) if i in _HIT_TIMESTAMPS and value is not None else value
+              for i, value in enumerate(row)]
+    return Memory.from_db(connection.alias, _HIT_ATTNAMES, values)

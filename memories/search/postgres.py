@@ -1,0 +1,194 @@
+"""Full-text candidates on PostgreSQL: BM25 over the stored tsvector, with the scope's
+statistics cached briefly and the lexemes of query terms kept per process."""
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from django.db import connection
+
+from kinsite.softcache import soft_cache_get, soft_cache_set
+from memories.search.candidates import SUBJECT_WEIGHT, TextMatch, hit_columns_sql
+
+# BM25 parameters, the usual defaults (SQLite's FTS5 bm25() uses the same).
+BM25_K1 = 1.2
+BM25_B = 0.75
+# BM25 needs the scope's document count and average length. Counting them reads every
+# active memory of the scope, too slow per query at 100,000 memories, so they are cached
+# briefly: a minute-old count barely moves BM25, and idf is clamped so it stays positive.
+SCOPE_STATS_SECONDS = 60
+# Common terms (PostgreSQL). A lexeme in at least this share of the scope's memories, and
+# in at least COMMON_TERM_MIN_DOCS of them, is common: it still scores, but it does not
+# pull memories in as candidates, as in Lucene's CommonTermsQuery. Scoring every memory
+# that says "prefers" or "team" was most of a search's time at 100,000 memories, and
+# such a memory lacking every rarer word of the query is rarely what the query is about.
+# A query made only of common terms (or whose rarer terms match nothing) takes its
+# candidates from its rarest common term. Below COMMON_TERM_MIN_DOCS matches, scoring
+# them all takes well under a millisecond, so small scopes are searched exhaustively.
+# The values were chosen on LoCoMo (bench/memory_relevance.py): at 0.5 % a person's name
+# is common in a 10,000-40,000-memory scope, which cut BM25 candidates five- to
+# fifteen-fold with recall@10 no lower than an exhaustive search on any question; a
+# floor of 100 documents instead of 250 lost a question, its topic word turned common.
+COMMON_TERM_SHARE = 0.005
+COMMON_TERM_MIN_DOCS = 250
+
+
+@dataclass(frozen=True)
+class ScopeStats:
+    """What BM25 needs to know about a scope beyond the matching memories: its active
+    memory count, their average tsvector length, and the document frequency of every
+    common lexeme (see COMMON_TERM_SHARE)."""
+
+    count: int
+    avg_length: float
+    common: dict[str, int] = field(default_factory=dict)
+
+
+def scope_stats(scope_sql: str, params: dict, include_shared: bool) -> ScopeStats:
+    """The scope's BM25 statistics, cached for SCOPE_STATS_SECONDS."""
+    key = f"memories:bm25:v2:{params['team']}:{params.get('kin', 'shared')}:{int(include_shared)}"
+    stats = soft_cache_get(key, what="BM25 statistics")
+    if stats is None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT count(*), coalesce(avg(length(m.search_tsv)), 1) FROM memories_memory m "
+                f"WHERE m.status = 'active' AND {scope_sql}",
+                params,
+            )
+            count, avg_length = cursor.fetchone()
+            min_docs = max(COMMON_TERM_MIN_DOCS, math.ceil(COMMON_TERM_SHARE * count))
+            common = {}
+            if count >= min_docs:
+                # ts_stat() counts every lexeme of the scope in one pass. It takes its rows
+                # as query text, so the scope's ids (integers) are written into it.
+                rows_sql = f"SELECT m.search_tsv FROM memories_memory m WHERE m.status = 'active' AND {scope_sql}"
+                cursor.execute("SELECT word, ndoc FROM ts_stat(%(rows)s) WHERE ndoc >= %(min_docs)s",
+                               {"rows": rows_sql % {k: int(v) for k, v in params.items()}, "min_docs": min_docs})
+                common = {word: int(ndoc) for word, ndoc in cursor.fetchall()}
+        stats = ScopeStats(count=int(count), avg_length=max(float(avg_length), 1.0), common=common)
+        soft_cache_set(key, stats, SCOPE_STATS_SECONDS)
+    return stats
+
+
+def bm25_idf(*, count: int, df: int | float) -> float:
+    """Lucene's BM25 idf; the count is clamped to df because cached counts can lag."""
+    return math.log(1.0 + (max(count, df) - df + 0.5) / (df + 0.5))
+
+
+# The lexemes of query terms (PostgreSQL's 'english' configuration), kept per process:
+# a word's lexemes never change, and a message is mostly words seen before, so a search
+# seldom needs the round trip for them. Terms are \w+ runs (query_terms), so a term's
+# lexemes are the same alone as within the query text (checked on every LoCoMo turn and
+# question). Bounded: emptied when full.
+LEXEME_CACHE_TERMS = 50_000
+_term_lexemes: dict[str, tuple[str, ...]] = {}
+
+
+def _query_lexemes(terms: list[str]) -> list[str]:
+    """The distinct lexemes of the terms, sorted; [] when all are PostgreSQL stop words."""
+    known = {term: _term_lexemes[term] for term in terms if term in _term_lexemes}
+    missing = [term for term in terms if term not in known]
+    if missing:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT t, array(SELECT lexeme FROM unnest(to_tsvector('english', t))) "
+                           "FROM unnest(%s::text[]) AS t", [missing])
+            found = {term: tuple(lexemes) for term, lexemes in cursor.fetchall()}
+        if len(_term_lexemes) + len(found) > LEXEME_CACHE_TERMS:
+            _term_lexemes.clear()
+        _term_lexemes.update(found)
+        known.update(found)
+    return sorted({lexeme for lexemes in known.values() for lexeme in lexemes})
+
+
+def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
+                include_shared: bool) -> list[TextMatch]:
+    """BM25 over the stored tsvector (migration 0002: content weight A, subject B; GIN
+    indexes per scope: migration 0003). ts_rank has no inverse document frequency, so
+    BM25 is computed here. Candidates are the memories matching the query's rare
+    lexemes (common ones only add to their scores; see COMMON_TERM_SHARE), so the
+    rare lexemes' document frequencies are counted exactly among the candidates; the
+    common lexemes' come with the cached scope statistics, as do count and average length.
+
+    Term frequency is 1 for a match in the content and SUBJECT_WEIGHT for a match in the
+    subject only. Memories are a sentence or two, so a term rarely repeats; testing `@@`
+    per query lexeme (C code) in one pass over the candidates, instead of unnesting every
+    candidate's tsvector, keeps a query that touches thousands of memories fast. The
+    per-lexeme columns are generated from the lexeme count only; lexemes travel as
+    parameters. Arithmetic is float8: numeric ln() was most of the cost."""
+    lexemes = _query_lexemes(terms)
+    if not lexemes:
+        return []  # only PostgreSQL stop words
+    stats = scope_stats(scope_sql, params, include_shared)
+    common = [lexeme for lexeme in lexemes if lexeme in stats.common]
+    rare = [lexeme for lexeme in lexemes if lexeme not in stats.common]
+    rarest_common = min(common, key=lambda lexeme: (stats.common[lexeme], lexeme)) if common else None
+    params = {**params, "subject_weight": SUBJECT_WEIGHT, "n": stats.count, "avg_length": stats.avg_length,
+              "k1": BM25_K1, "b": BM25_B, "limit": limit}
+
+    def matching(lexemes_of_tsquery: list[str], name: str) -> str:
+        params[name] = " | ".join(_tsquery_literal(lexeme) for lexeme in lexemes_of_tsquery)
+        return (f"SELECT m.id, m.search_tsv FROM memories_memory m "
+                f"WHERE m.status = 'active' AND m.search_tsv @@ %({name})s::tsquery AND {scope_sql}")
+
+    ctes = []
+    if rare:
+        ctes.append(f"rare_matches AS MATERIALIZED ({matching(rare, 'rare')})")
+        matches = "SELECT id, search_tsv FROM rare_matches"
+        if rarest_common is not None:
+            # Planned as a one-time filter: the scan only runs when no rare lexeme matched.
+            matches += (f" UNION ALL {matching([rarest_common], 'fallback')}"
+                        f" AND NOT EXISTS (SELECT 1 FROM rare_matches)")
+    else:
+        matches = matching([rarest_common], "fallback")
+
+    tf_columns, df_columns, score_terms = [], [], []
+    for i, lexeme in enumerate(lexemes):
+        params[f"any{i}"] = _tsquery_literal(lexeme)
+        params[f"content{i}"] = _tsquery_literal(lexeme) + ":A"
+        tf_columns.append(
+            f"CASE WHEN c.search_tsv @@ %(any{i})s::tsquery THEN CASE WHEN c.search_tsv @@ %(content{i})s::tsquery "
+            f"THEN 1.0::float8 ELSE %(subject_weight)s::float8 END ELSE 0.0::float8 END AS tf{i}"
+        )
+        if lexeme in stats.common:
+            params[f"idf{i}"] = bm25_idf(count=stats.count, df=stats.common[lexeme])
+            idf = f"%(idf{i})s::float8"
+        else:
+            # The idf is computed once, with the document frequency, not per candidate.
+            df = f"count(*) FILTER (WHERE tf{i} > 0)::float8"
+            df_columns.append(f"ln(1.0::float8 + (greatest(%(n)s::float8, {df}) - {df} + 0.5::float8)"
+                              f" / ({df} + 0.5::float8)) AS idf{i}")
+            idf = f"d.idf{i}"
+        score_terms.append(f"{idf} * c.tf{i} * (%(k1)s::float8 + 1.0::float8) / (c.tf{i} + c.norm)")
+    ctes.append(f"""candidates AS MATERIALIZED (
+            SELECT c.id,
+                   %(k1)s::float8 * (1.0::float8 - %(b)s::float8
+                       + %(b)s::float8 * length(c.search_tsv)::float8 / %(avg_length)s::float8) AS norm,
+                   {", ".join(tf_columns)}
+            FROM ({matches}) c
+        )""")
+    if df_columns:
+        ctes.append(f"document_frequency AS (SELECT {', '.join(df_columns)} FROM candidates)")
+    ctes.append(f"""best AS (
+            SELECT c.id, {" + ".join(score_terms)} AS score
+            FROM candidates c {"CROSS JOIN document_frequency d" if df_columns else ""}
+            ORDER BY score DESC, c.id
+            LIMIT %(limit)s
+        )""")
+    # For ranking, updated_at travels as epoch seconds: loading timestamptz through
+    # Django's Python loader was about half the cost of reading the ~50 rows. The rest of
+    # each row is the hit's memory, should ranking keep it (memories.search._hit_memories).
+    sql = f"""
+        WITH {", ".join(ctes)}
+        SELECT best.id, best.score, m.importance, m.category, EXTRACT(EPOCH FROM m.updated_at)::float8, m.subject,
+               {hit_columns_sql("m")}
+        FROM best JOIN memories_memory m ON m.id = best.id
+        ORDER BY best.score DESC, best.id
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [TextMatch(row[0], float(row[1]), row[2], row[3], datetime.fromtimestamp(row[4], UTC), row[5], row[6:])
+                for row in cursor.fetchall()]
+
+
+def _tsquery_literal(lexeme: str) -> str:
+    # A quoted tsquery operand: the lexeme is matched as is, never parsed as an operator.
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
