@@ -124,7 +124,7 @@ _SEEDS_WITH_NEIGHBOURS = f"""
 LENGTH_SAMPLE = 1000
 # Common terms (PostgreSQL). A lexeme in at least this share of the scope's messages,
 # and in at least COMMON_TERM_MIN_DOCS of them, is common: it still scores, but it does
-# not pull messages in as candidates (memories.selectors does the same, after Lucene's
+# not pull messages in as candidates (memories.search.postgres does the same, after Lucene's
 # CommonTermsQuery). In a conversation the common lexemes are the speakers' names (the
 # sender is indexed) and the conversation's everyday words; a question naming a speaker
 # used to score every message that speaker sent, which was most of a search's time at
