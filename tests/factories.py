@@ -122,7 +122,6 @@ class SummaryFactory(factory.django.DjangoModelFactory):
     first_at = factory.LazyAttribute(lambda o: o.first_event.created_at)
     last_at = factory.LazyAttribute(lambda o: o.last_event.created_at)
     message_count = 1
-    token_count = factory.LazyAttribute(lambda o: count_tokens(o.content))
 
 
 class IntrospectionRunFactory(factory.django.DjangoModelFactory):

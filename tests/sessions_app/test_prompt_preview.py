@@ -7,8 +7,8 @@ from django.utils.dateparse import parse_datetime
 
 from kinsite.tokencount import count_tokens
 from memories.models import Memory
-from sessions_app.models import Event, Summary
-from tests.factories import MemoryFactory, MessageFactory
+from sessions_app.models import Event
+from tests.factories import MemoryFactory, MessageFactory, SummaryFactory
 from tests.sessions_app.test_api_access import assert_api_error
 from tests.sessions_app.test_turns import chat_requests, post
 
@@ -76,9 +76,9 @@ def test_preview_history_respects_budget_and_compaction_boundary(api_client, cha
         MessageFactory(session=chat_session, content=f"old message {i}", created_at=start + timedelta(seconds=i))
         for i in range(3)
     ]
-    Summary.objects.create(
+    SummaryFactory(
         session=chat_session, content="Earlier they discussed the old plan.", first_event=old[0],
-        last_event=old[-1], first_at=old[0].created_at, last_at=old[-1].created_at, message_count=3,
+        last_event=old[-1], message_count=3,
     )
     long_text = "word " * 400  # about 400 tokens each
     for i in range(5):

@@ -4,7 +4,7 @@ import pytest
 
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Event, Session, Turn
-from tests.factories import MemoryFactory, MessageFactory
+from tests.factories import MemoryFactory, MessageFactory, TurnFactory
 from tests.sessions_app.test_api_access import assert_api_error
 
 pytestmark = pytest.mark.usefixtures("fake_llm_gateway")
@@ -293,7 +293,7 @@ def test_another_teams_turn_answers_404(api_client, other_team, fake_llm):
     from tests.factories import KinFactory, SessionFactory
 
     session = SessionFactory(kin=KinFactory(team=other_team))
-    turn = Turn.objects.create(session=session)
+    turn = TurnFactory(session=session)
 
     assert_api_error(api_client.get(f"/api/v1/turns/{turn.pk}/"), 404, code="not_found")
 
