@@ -73,6 +73,32 @@ class MessageFactory(factory.django.DjangoModelFactory):
     token_count = factory.LazyAttribute(lambda o: count_tokens(o.content))
 
 
+
+class ToolCallFactory(factory.django.DjangoModelFactory):
+    """The kin's tool call event: no text, the calls are in data."""
+
+    class Meta:
+        model = Event
+
+    session = factory.SubFactory(SessionFactory)
+    kind = Event.Kind.TOOL_CALL
+    role = Event.Role.ASSISTANT
+    data = factory.LazyFunction(lambda: {"tool_calls": [{"id": "call_1", "name": "memory_recall", "arguments": "{}"}]})
+
+
+class ToolResultFactory(factory.django.DjangoModelFactory):
+    """A tool's answer to a call (data names the call)."""
+
+    class Meta:
+        model = Event
+
+    session = factory.SubFactory(SessionFactory)
+    kind = Event.Kind.TOOL_RESULT
+    role = Event.Role.TOOL
+    content = "[]"
+    token_count = factory.LazyAttribute(lambda o: count_tokens(o.content))
+    data = factory.LazyFunction(lambda: {"tool_call_id": "call_1"})
+
 class MemoryFactory(factory.django.DjangoModelFactory):
     """A memory row written directly (no change row, no duplicate check): use
     memories.services when the test is about writes."""

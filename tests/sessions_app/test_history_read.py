@@ -9,7 +9,7 @@ from django.utils import timezone
 from sessions_app import context
 from sessions_app.context import Boundary
 from sessions_app.models import Event
-from tests.factories import MessageFactory, SessionFactory, TurnFactory
+from tests.factories import MessageFactory, SessionFactory, ToolCallFactory, ToolResultFactory, TurnFactory
 
 START = timezone.now() - timedelta(days=1)
 
@@ -56,12 +56,10 @@ def test_other_event_kinds_are_neither_read_nor_counted(chat_session):
 
 def test_tool_events_are_read_with_their_data(chat_session):
     message(chat_session, 0)
-    Event.objects.create(session=chat_session, kind=Event.Kind.TOOL_CALL, role=Event.Role.ASSISTANT,
-                         token_count=20, created_at=START + timedelta(minutes=1),
-                         data={"tool_calls": [{"id": "c1", "name": "memory_recall", "arguments": "{}"}]})
-    result = Event.objects.create(session=chat_session, kind=Event.Kind.TOOL_RESULT, role=Event.Role.TOOL,
-                                  content="[]", token_count=5, created_at=START + timedelta(minutes=2),
-                                  data={"tool_call_id": "c1"})
+    ToolCallFactory(session=chat_session, token_count=20, created_at=START + timedelta(minutes=1),
+                    data={"tool_calls": [{"id": "c1", "name": "memory_recall", "arguments": "{}"}]})
+    result = ToolResultFactory(session=chat_session, content="[]", token_count=5,
+                               created_at=START + timedelta(minutes=2), data={"tool_call_id": "c1"})
 
     entries = list(context._history_entries(chat_session.pk, None, 10_000).values())
 
