@@ -22,13 +22,25 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from consolidation.models import Fact
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.services import api_token_issue
-from memories.models import Memory, MemoryChange
+from memories.models import MemoryChange
 from sessions_app.models import Turn
-from tests.factories import KinFactory, MessageFactory, SessionFactory
-from workflows.models import Edge, Node, Workflow
+from tests.factories import (
+    ConsolidationRunFactory,
+    EdgeFactory,
+    ExperienceVersionFactory,
+    FactFactory,
+    KinFactory,
+    MemoryChangeFactory,
+    MemoryFactory,
+    MessageFactory,
+    NodeFactory,
+    SessionFactory,
+    TurnFactory,
+    WorkflowFactory,
+)
 
 # Per operation, for the random (fuzzing) phase; schemathesis's coverage phase adds its boundary and
 # invalid-input cases on top. derandomize makes every run the same (~1 min per database pass).
@@ -73,20 +85,18 @@ def seeded(team, user):
     session = SessionFactory(kin=kin, title="Fuzz session")
     first = MessageFactory(session=session, content="We ship the beta in May.", external_id="fuzz-1")
     MessageFactory(session=session, content="Maria owns the release notes.", external_id="fuzz-2")
-    turn = Turn.objects.create(session=session, user_message=first, status=Turn.Status.DONE)
-    memory = Memory.objects.create(team=team, kin=kin, content="The beta ships in May.", category="fact")
-    MemoryChange.objects.create(memory=memory, action=MemoryChange.Action.ADD, after={"content": memory.content},
-                                actor="test")
-    Memory.objects.create(team=team, kin=None, content="The team works in English.", category="preference")
-    Fact.objects.create(kin=kin, statement="Maria owns the release notes.", source=Fact.Source.API)
-    run = ConsolidationRun.objects.create(kin=kin, trigger="api", status="applied", summary_of_changes="First.")
-    ExperienceVersion.objects.create(kin=kin, version=1, markdown="# Experience\n\n## Release\n- Beta in May.", run=run)
-    workflow = Workflow.objects.create(team=team, name="Fuzz workflow")
-    source = Node.objects.create(workflow=workflow, client_id="records", type="inline_records", label="Records",
-                                 config={"records": [{"note": "beta"}]})
-    Edge.objects.create(workflow=workflow, source=source,
-                        target=Node.objects.create(workflow=workflow, client_id="table", type="table_output",
-                                                   label="Table", config={}))
+    turn = TurnFactory(session=session, user_message=first, status=Turn.Status.DONE)
+    memory = MemoryFactory(team=team, kin=kin, content="The beta ships in May.", category="fact")
+    MemoryChangeFactory(memory=memory, action=MemoryChange.Action.ADD, after={"content": memory.content}, actor="test")
+    MemoryFactory(team=team, kin=None, content="The team works in English.", category="preference")
+    FactFactory(kin=kin, statement="Maria owns the release notes.", source=Fact.Source.API)
+    run = ConsolidationRunFactory(kin=kin, trigger="api", status="applied", summary_of_changes="First.")
+    ExperienceVersionFactory(kin=kin, version=1, markdown="# Experience\n\n## Release\n- Beta in May.", run=run)
+    workflow = WorkflowFactory(team=team, name="Fuzz workflow")
+    source = NodeFactory(workflow=workflow, client_id="records", type="inline_records", label="Records",
+                         config={"records": [{"note": "beta"}]})
+    table = NodeFactory(workflow=workflow, client_id="table", type="table_output", label="Table", config={})
+    EdgeFactory(workflow=workflow, source=source, target=table)
     _, raw = api_token_issue(team=team, name="fuzz", user=user)
     return {
         "token": raw,

@@ -15,13 +15,33 @@ from django.db import models
 from django.utils import timezone
 from django.utils.html import escape
 
-from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from consolidation.models import ConsolidationRun, Fact
 from kinsite.models import LLMCall, PromptTemplate
 from kinsite.services import api_token_issue
 from memories.models import Memory, MemoryChange
-from sessions_app.models import Event, IntrospectionRun, Kin, Session, Summary, Turn
+from sessions_app.models import Event, IntrospectionRun, Turn
 from tests.abuse.support import project_models
-from workflows.models import Edge, Node, NodeResult, NodeRun, Workflow, WorkflowRun
+from tests.factories import (
+    ConsolidationRunFactory,
+    EdgeFactory,
+    ExperienceVersionFactory,
+    FactFactory,
+    IntrospectionRunFactory,
+    KinFactory,
+    LLMCallFactory,
+    MemoryChangeFactory,
+    MemoryFactory,
+    NodeFactory,
+    NodeResultFactory,
+    NodeRunFactory,
+    PromptTemplateFactory,
+    SessionFactory,
+    SummaryFactory,
+    TurnFactory,
+    WorkflowFactory,
+    WorkflowRunFactory,
+)
+from workflows.models import Node, NodeRun, WorkflowRun
 
 # Script and an event handler; executed, either sets window.__pwned.
 HTML_PAYLOAD = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=1">'
@@ -103,10 +123,10 @@ def fill_every_text_column(world: MarkupWorld) -> None:
 def build_markup_world(*, team, user, payload: str) -> MarkupWorld:
     """Rows of every kind the dashboard or the admin shows, for `team`, all text marked."""
     now = timezone.now()
-    parent = Kin.objects.create(team=team, name="parent")
-    kin = Kin.objects.create(team=team, name="kin", parent=parent, overrides={"note": "x"})
-    workflow = Workflow.objects.create(team=team, name="workflow")
-    session = Session.objects.create(kin=kin, title="session", workflow=workflow)
+    parent = KinFactory(team=team, name="parent")
+    kin = KinFactory(team=team, name="kin", parent=parent, overrides={"note": "x"})
+    workflow = WorkflowFactory(team=team, name="workflow")
+    session = SessionFactory(kin=kin, title="session", workflow=workflow)
     token, _ = api_token_issue(team=team, name="token", user=user)
     world = MarkupWorld(payload=payload, user=user, kin=kin, session=session, memory=None, workflow=workflow,
                         node=None, token=token, run=None)
@@ -114,7 +134,7 @@ def build_markup_world(*, team, user, payload: str) -> MarkupWorld:
 
     # A chat turn that called a tool, and a failed one.
     question = Event.objects.create(session=session, content="q", sender="s", external_id="e1")
-    turn = Turn.objects.create(session=session, user_message=question, status=Turn.Status.DONE)
+    turn = TurnFactory(session=session, user_message=question, status=Turn.Status.DONE)
     call = Event.objects.create(
         session=session, kind=Event.Kind.TOOL_CALL, role=Event.Role.ASSISTANT,
         data={"turn": turn.pk, "tool_calls": [{"id": "call_1", "name": text(("Event.data", "tool name")),
@@ -127,22 +147,22 @@ def build_markup_world(*, team, user, payload: str) -> MarkupWorld:
                                  data={"turn": turn.pk})
     Turn.objects.filter(pk=turn.pk).update(reply=reply, tool_calls=1)
     failed_question = Event.objects.create(session=session, content="q2", sender="s")
-    Turn.objects.create(session=session, user_message=failed_question, status=Turn.Status.FAILED, error="e")
+    TurnFactory(session=session, user_message=failed_question, status=Turn.Status.FAILED, error="e")
     Event.objects.create(session=session, kind=Event.Kind.COMMAND, content="/checkpoint", sender="s",
                          data={"command": "checkpoint"})
-    Summary.objects.create(session=session, content="summary", first_event=question, last_event=call,
-                           first_at=now, last_at=now, message_count=2)
+    SummaryFactory(session=session, content="summary", first_event=question, last_event=call,
+                   first_at=now, last_at=now, message_count=2)
 
-    memory = Memory.objects.create(team=team, kin=kin, content="m", subject="s", category=Memory.Category.FACT)
-    Memory.objects.create(team=team, kin=None, content="shared", category=Memory.Category.KNOWLEDGE)
-    MemoryChange.objects.create(memory=memory, action=MemoryChange.Action.ADD, actor="a", reason="r",
-                                after={"content": text(("MemoryChange.after", "content")), "subject": "s"})
-    MemoryChange.objects.create(memory=memory, action=MemoryChange.Action.UPDATE, actor="a",
-                                before={"content": "old"},
-                                after={"content": text(("MemoryChange.after", "content"))})
+    memory = MemoryFactory(team=team, kin=kin, content="m", subject="s", category=Memory.Category.FACT)
+    MemoryFactory(team=team, kin=None, content="shared", category=Memory.Category.KNOWLEDGE)
+    MemoryChangeFactory(memory=memory, action=MemoryChange.Action.ADD, actor="a", reason="r",
+                        after={"content": text(("MemoryChange.after", "content")), "subject": "s"})
+    MemoryChangeFactory(memory=memory, action=MemoryChange.Action.UPDATE, actor="a",
+                        before={"content": "old"},
+                        after={"content": text(("MemoryChange.after", "content"))})
     world.memory = memory
 
-    IntrospectionRun.objects.create(
+    IntrospectionRunFactory(
         session=session, trigger=IntrospectionRun.Trigger.CHECKPOINT, status=IntrospectionRun.Status.DONE,
         summary="s", error="e", finished_at=now,
         tool_calls=[{"name": text(("IntrospectionRun.tool_calls", "name")),
@@ -152,35 +172,35 @@ def build_markup_world(*, team, user, payload: str) -> MarkupWorld:
         memories_touched=[{"id": memory.pk, "action": text(("IntrospectionRun.memories_touched", "action"))}],
     )
 
-    Fact.objects.create(kin=kin, statement="f", source=Fact.Source.API)
-    run = ConsolidationRun.objects.create(
+    FactFactory(kin=kin, statement="f", source=Fact.Source.API)
+    run = ConsolidationRunFactory(
         kin=kin, trigger=ConsolidationRun.Trigger.API, status=ConsolidationRun.Status.FAILED, summary_of_changes="s",
         error="e", rendered_prompt="p", raw_answers=[text(("ConsolidationRun.raw_answers", "item"))],
         validation_errors=[text(("ConsolidationRun.validation_errors", "item"))],
         processed_fact_ids=[text(("ConsolidationRun.processed_fact_ids", "item"))], finished_at=now,
     )
     world.run = run
-    ExperienceVersion.objects.create(kin=kin, version=1, markdown="# Master AI Experience\n- first", run=run)
-    ExperienceVersion.objects.create(kin=kin, version=2, markdown="# Master AI Experience\n- second", run=run)
-    PromptTemplate.objects.create(team=team, kin=kin, kind=PromptTemplate.Kind.CONSOLIDATION, name="t", body="b")
-    LLMCall.objects.create(team=team, kin=kin, purpose="chat", provider="p", model="m", status=LLMCall.Status.ERROR,
-                           error="e")
+    ExperienceVersionFactory(kin=kin, version=1, markdown="# Master AI Experience\n- first", run=run)
+    ExperienceVersionFactory(kin=kin, version=2, markdown="# Master AI Experience\n- second", run=run)
+    PromptTemplateFactory(team=team, kin=kin, kind=PromptTemplate.Kind.CONSOLIDATION, name="t", body="b")
+    LLMCallFactory(team=team, kin=kin, purpose="chat", provider="p", model="m", status=LLMCall.Status.ERROR,
+                   error="e")
 
-    node = Node.objects.create(
+    node = NodeFactory(
         workflow=workflow, client_id="records", type="inline_records", label="records",
         config={"records": [{"note": text(("Node.config", "records"))}]}, status=Node.Status.FAILED,
         records_out=1, results_version=1, error="e", last_run_at=now,
     )
-    table = Node.objects.create(workflow=workflow, client_id="table", type="table_output", label="table",
-                                config={"columns": ["note"]})
-    Edge.objects.create(workflow=workflow, source=node, target=table, source_handle="out", target_handle="in")
-    NodeResult.objects.create(node=node, version=1, config_fingerprint="f",
-                              records=[{"note": text(("NodeResult.records", "value")),
-                                        text(("NodeResult.records", "key"), 60): "x"}])
-    workflow_run = WorkflowRun.objects.create(workflow=workflow, status=WorkflowRun.Status.FAILED, error="e",
-                                              finished_at=now)
-    NodeRun.objects.create(run=workflow_run, node=node, status=NodeRun.Status.FAILED, lineage_narrative="n",
-                           error="e")
+    table = NodeFactory(workflow=workflow, client_id="table", type="table_output", label="table",
+                        config={"columns": ["note"]})
+    EdgeFactory(workflow=workflow, source=node, target=table, source_handle="out", target_handle="in")
+    NodeResultFactory(node=node, version=1, config_fingerprint="f",
+                      records=[{"note": text(("NodeResult.records", "value")),
+                                text(("NodeResult.records", "key"), 60): "x"}])
+    workflow_run = WorkflowRunFactory(workflow=workflow, status=WorkflowRun.Status.FAILED, error="e",
+                                      finished_at=now)
+    NodeRunFactory(run=workflow_run, node=node, status=NodeRun.Status.FAILED, lineage_narrative="n",
+                   error="e")
     world.node = node
 
     fill_every_text_column(world)

@@ -17,12 +17,24 @@ from django.db import connection
 from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import SchemaGenerator
 
-from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from consolidation.models import Fact
 from kinsite.models import ApiToken
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Turn
-from tests.factories import KinFactory, MessageFactory, SessionFactory
-from workflows.models import Edge, Node, Workflow
+from tests.factories import (
+    ConsolidationRunFactory,
+    EdgeFactory,
+    ExperienceVersionFactory,
+    FactFactory,
+    KinFactory,
+    MemoryChangeFactory,
+    MemoryFactory,
+    MessageFactory,
+    NodeFactory,
+    SessionFactory,
+    TurnFactory,
+    WorkflowFactory,
+)
 
 API_PREFIX = "/api/v1/"
 PROJECT_APPS = ("kinsite", "sessions_app", "memories", "consolidation", "workflows", "auth")
@@ -299,22 +311,19 @@ def seed_team(team, *, secret: str, user=None) -> Seeded:
     kin = KinFactory(team=team, name=f"Kin {secret}", character=f"Knows {secret}.")
     session = SessionFactory(kin=kin, title=f"Session {secret}")
     message = MessageFactory(session=session, content=f"The {secret} plan is due in May.", external_id=f"{secret}-1")
-    turn = Turn.objects.create(session=session, user_message=message, status=Turn.Status.DONE)
-    memory = Memory.objects.create(team=team, kin=kin, content=f"The {secret} plan is due in May.",
-                                   category=Memory.Category.FACT)
-    MemoryChange.objects.create(memory=memory, action=MemoryChange.Action.ADD, after={"content": memory.content},
-                                actor="test")
-    Fact.objects.create(kin=kin, statement=f"The {secret} fact.", source=Fact.Source.API)
-    run = ConsolidationRun.objects.create(kin=kin, trigger="api", status="applied", summary_of_changes=secret)
-    ExperienceVersion.objects.create(kin=kin, version=1, markdown=f"# Master AI Experience\n- {secret}", run=run)
-    ConsolidationRun.objects.create(kin=kin, trigger="api", status="failed", error=f"The {secret} model failed.")
-    workflow = Workflow.objects.create(team=team, name=f"Workflow {secret}")
+    turn = TurnFactory(session=session, user_message=message, status=Turn.Status.DONE)
+    memory = MemoryFactory(team=team, kin=kin, content=f"The {secret} plan is due in May.", category=Memory.Category.FACT)
+    MemoryChangeFactory(memory=memory, action=MemoryChange.Action.ADD, after={"content": memory.content}, actor="test")
+    FactFactory(kin=kin, statement=f"The {secret} fact.", source=Fact.Source.API)
+    run = ConsolidationRunFactory(kin=kin, trigger="api", status="applied", summary_of_changes=secret)
+    ExperienceVersionFactory(kin=kin, version=1, markdown=f"# Master AI Experience\n- {secret}", run=run)
+    ConsolidationRunFactory(kin=kin, trigger="api", status="failed", error=f"The {secret} model failed.")
+    workflow = WorkflowFactory(team=team, name=f"Workflow {secret}")
     # Client ids differ between teams, so "another team's node id" never names one of ours.
-    node = Node.objects.create(workflow=workflow, client_id=f"records-{secret}", type="inline_records",
-                               label=f"Records {secret}", config={"records": [{"note": secret}]})
-    table = Node.objects.create(workflow=workflow, client_id=f"table-{secret}", type="table_output",
-                                label="Table", config={})
-    Edge.objects.create(workflow=workflow, source=node, target=table)
+    node = NodeFactory(workflow=workflow, client_id=f"records-{secret}", type="inline_records",
+                       label=f"Records {secret}", config={"records": [{"note": secret}]})
+    table = NodeFactory(workflow=workflow, client_id=f"table-{secret}", type="table_output", label="Table", config={})
+    EdgeFactory(workflow=workflow, source=node, target=table)
     token, raw = api_token_issue(team=team, name=f"token {secret}", user=user)
     return Seeded(kin=kin, session=session, memory=memory, turn=turn, workflow=workflow, node=node, token=token,
                   raw_token=raw, secret=secret)

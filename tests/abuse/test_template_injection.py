@@ -23,9 +23,9 @@ from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.models import PromptTemplate
 from memories.models import Memory
 from sessions_app.compaction import build_compaction_messages
-from sessions_app.models import Event, Session, Summary
+from sessions_app.models import Event, Session
 from tests.abuse.support import assert_api_error, assert_unchanged, snapshot
-from tests.factories import MessageFactory, UserFactory
+from tests.factories import FactFactory, MemoryFactory, MessageFactory, SummaryFactory, UserFactory
 from workflows.nodes.llm import render_template
 
 pytestmark = pytest.mark.django_db
@@ -179,8 +179,7 @@ def test_kin_prompt_shows_placeholders_in_stored_text_literally(api, own):
     kin, session = own.kin, own.session
     type(kin).objects.filter(pk=kin.pk).update(character=f"Character: {INJECTION}", expertise=INJECTION)
     Session.objects.filter(pk=session.pk).update(working_memory=f"Notes: {INJECTION}", description=INJECTION)
-    Memory.objects.create(team=kin.team, kin=kin, content=f"Probe memory about invoices: {INJECTION}",
-                          category=Memory.Category.FACT)
+    MemoryFactory(kin=kin, content=f"Probe memory about invoices: {INJECTION}", category=Memory.Category.FACT)
     MessageFactory(session=session, content=f"Earlier: {INJECTION}", sender=INJECTION[:200])
 
     response = api.get(f"/api/v1/sessions/{session.pk}/prompt/", {"message": f"invoices {INJECTION}"})
@@ -198,7 +197,7 @@ def test_kin_prompt_shows_placeholders_in_stored_text_literally(api, own):
 
 def test_consolidation_prompt_shows_placeholders_in_facts_and_names_literally(api, own):
     type(own.kin).objects.filter(pk=own.kin.pk).update(name="Ada {max_words} {pending_facts}")
-    Fact.objects.create(kin=own.kin, statement=f"Probe fact: {INJECTION}", source=Fact.Source.API)
+    FactFactory(kin=own.kin, statement=f"Probe fact: {INJECTION}", source=Fact.Source.API)
 
     run = consolidate(api, own.kin, prepare=True).json()
 
@@ -228,9 +227,7 @@ def test_introspection_prompt_shows_placeholders_in_events_and_notes_literally(
 def test_compaction_prompt_shows_placeholders_in_messages_and_the_previous_summary_literally(own):
     session = own.session
     events = [MessageFactory(session=session, content=f"Probe message {n}: {INJECTION}") for n in range(2)]
-    previous = Summary.objects.create(session=session, content=f"Previous: {INJECTION}", first_event=events[0],
-                                      last_event=events[0], first_at=events[0].created_at,
-                                      last_at=events[0].created_at, message_count=1)
+    previous = SummaryFactory(session=session, content=f"Previous: {INJECTION}", first_event=events[0])
 
     messages = build_compaction_messages(kin_name="Ada {transcript}", events=list(Event.objects.filter(
         pk__in=[e.pk for e in events]).order_by("id")), previous=previous)

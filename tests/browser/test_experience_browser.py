@@ -3,8 +3,8 @@ document, compare two chosen versions, and log a fact from the facts page."""
 import pytest
 from playwright.sync_api import expect
 
-from consolidation.models import ExperienceVersion, Fact
-from tests.factories import KinFactory
+from consolidation.models import Fact
+from tests.factories import ExperienceVersionFactory, KinFactory
 
 pytestmark = pytest.mark.browser
 
@@ -26,7 +26,7 @@ def test_read_the_document_and_diff_two_versions(logged_in_page, browser_team, b
     page = logged_in_page
     kin = KinFactory(team=browser_team, name="Ada")
     for number, markdown in enumerate([V1, V2, V3], start=1):
-        ExperienceVersion.objects.create(kin=kin, version=number, markdown=markdown, word_count=len(markdown.split()))
+        ExperienceVersionFactory(kin=kin, version=number, markdown=markdown, word_count=len(markdown.split()))
 
     page.goto(f"/kins/{kin.pk}/")
     page.get_by_role("link", name="Experience").click()

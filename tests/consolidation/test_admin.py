@@ -10,7 +10,7 @@ from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMError
 from tests.consolidation.test_api import DOCUMENT, answer
-from tests.factories import UserFactory
+from tests.factories import ConsolidationRunFactory, ExperienceVersionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -75,8 +75,8 @@ def test_facts_are_never_changed_or_deleted(staff_client, kin):
 
 
 def test_runs_and_versions_are_read_only(staff_client, kin):
-    run = ConsolidationRun.objects.create(kin=kin, trigger="api", status="applied")
-    version = ExperienceVersion.objects.create(kin=kin, version=1, markdown=DOCUMENT, run=run)
+    run = ConsolidationRunFactory(kin=kin, trigger="api", status="applied")
+    version = ExperienceVersionFactory(kin=kin, version=1, markdown=DOCUMENT, run=run)
 
     for model, obj in (("consolidationrun", run), ("experienceversion", version)):
         assert staff_client.get(reverse(f"admin:consolidation_{model}_add")).status_code == 403

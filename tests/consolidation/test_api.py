@@ -12,6 +12,7 @@ from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMError
 from kinsite.models import ApiToken
+from tests.factories import ConsolidationRunFactory, ExperienceVersionFactory
 
 API = "/api/v1/"
 
@@ -41,7 +42,7 @@ def fact(kin, statement, **fields) -> Fact:
 
 
 def version(kin, number, markdown=DOCUMENT) -> ExperienceVersion:
-    return ExperienceVersion.objects.create(kin=kin, version=number, markdown=markdown, word_count=len(markdown.split()))
+    return ExperienceVersionFactory(kin=kin, version=number, markdown=markdown, word_count=len(markdown.split()))
 
 
 def assert_error(response, status, code=None) -> dict:
@@ -263,11 +264,11 @@ def test_max_words_bounds_are_accepted(api_client, kin):
 
 
 def test_consolidation_runs_are_newest_first_and_light_unless_full(api_client, kin):
-    first = ConsolidationRun.objects.create(kin=kin, trigger="nightly", status="rejected", template_source="team",
-                                            rendered_prompt="PROMPT", raw_answers=["RAW"],
-                                            validation_errors=["Missing key(s): summary_of_changes."])
-    second = ConsolidationRun.objects.create(kin=kin, trigger="api", status="prepared", template_source="default",
-                                             rendered_prompt="PROMPT 2")
+    first = ConsolidationRunFactory(kin=kin, trigger="nightly", status="rejected", template_source="team",
+                                    rendered_prompt="PROMPT", raw_answers=["RAW"],
+                                    validation_errors=["Missing key(s): summary_of_changes."])
+    second = ConsolidationRunFactory(kin=kin, trigger="api", status="prepared", template_source="default",
+                                     rendered_prompt="PROMPT 2")
 
     light = api_client.get(f"{API}kins/{kin.pk}/consolidations/").json()["results"]
     full = api_client.get(f"{API}kins/{kin.pk}/consolidations/?full=true").json()["results"]
@@ -281,7 +282,7 @@ def test_consolidation_runs_are_newest_first_and_light_unless_full(api_client, k
 
 
 def test_consolidation_runs_are_cursor_paginated(api_client, kin):
-    runs = [ConsolidationRun.objects.create(kin=kin, trigger="api", status="prepared") for _ in range(3)]
+    runs = ConsolidationRunFactory.create_batch(3, kin=kin, trigger="api", status="prepared")
 
     first = api_client.get(f"{API}kins/{kin.pk}/consolidations/?limit=2").json()
     second = api_client.get(first["next"]).json()

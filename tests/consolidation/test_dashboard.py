@@ -11,7 +11,7 @@ from consolidation import services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMError
-from tests.factories import KinFactory
+from tests.factories import ConsolidationRunFactory, ExperienceVersionFactory, KinFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +34,7 @@ def url(name, *args):
 
 
 def version(kin, number, markdown, run=None) -> ExperienceVersion:
-    return ExperienceVersion.objects.create(
+    return ExperienceVersionFactory(
         kin=kin, version=number, markdown=markdown, word_count=len(markdown.split()), run=run
     )
 
@@ -177,7 +177,7 @@ def test_an_unknown_version_answers_404(logged_in, kin):
 
 
 def test_runs_show_status_summary_template_words_errors_and_folded_details(logged_in, kin):
-    applied = ConsolidationRun.objects.create(
+    applied = ConsolidationRunFactory(
         kin=kin,
         trigger="nightly",
         status="applied",
@@ -192,7 +192,7 @@ def test_runs_show_status_summary_template_words_errors_and_folded_details(logge
     version(kin, 1, V2, run=applied)
     applied.experience_version = ExperienceVersion.objects.get(kin=kin)
     applied.save()
-    ConsolidationRun.objects.create(
+    ConsolidationRunFactory(
         kin=kin,
         trigger="api",
         status="rejected",

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from consolidation.models import ExperienceVersion, Fact
+from consolidation.models import Fact
 from consolidation.services import consolidation_run
 from kinsite.llm.types import LLMHTTPError
 from kinsite.tools import ToolContext
@@ -21,7 +21,7 @@ from sessions_app.tasks import introspect_session_task
 from sessions_app.tools import RECORD_LEARNING_TOOL, kin_toolset
 from sessions_app.turns import turn_post
 from tests.consolidation.conftest import add_fact, answer, document
-from tests.factories import MemoryFactory, MessageFactory
+from tests.factories import ExperienceVersionFactory, MemoryFactory, MessageFactory
 
 # --- introspection ---------------------------------------------------------------------------
 
@@ -171,7 +171,7 @@ def test_reading_the_experience_costs_no_extra_query(chat_session):
 
     without = queries()
     for version in (1, 2, 3):
-        ExperienceVersion.objects.create(kin=chat_session.kin, version=version, markdown=f"# Doc v{version}")
+        ExperienceVersionFactory(kin=chat_session.kin, version=version, markdown=f"# Doc v{version}")
     assert queries() == without
     prompt = prompt_assemble(session=chat_session, message_text="")
     assert experience_of(prompt).text == "> ### Doc v3"

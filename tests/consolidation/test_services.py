@@ -9,13 +9,13 @@ from consolidation.selectors import experience_current, fact_list, facts_pending
 from consolidation.services import ConsolidationBusy, NothingToConsolidate, consolidation_run, fact_record
 from kinsite.errors import InvalidInput
 from kinsite.llm.types import LLMHTTPError
-from kinsite.models import LLMCall, PromptTemplate
+from kinsite.models import LLMCall
 from kinsite.prompt_templates import TemplateError, template_default
 from memories.models import MemoryChange
 from memories.search import memory_search
 from memories.services import Actor, memory_add, memory_update
 from tests.consolidation.conftest import SECTIONS, add_fact, answer, document, runs_of, state_of
-from tests.factories import KinFactory
+from tests.factories import ConsolidationRunFactory, KinFactory, PromptTemplateFactory
 
 # --- the ledger ------------------------------------------------------------------------------
 
@@ -136,10 +136,8 @@ Keep it short.
 
 
 def test_a_kin_template_is_used_and_its_sections_are_enforced(kin, team, model):
-    template = PromptTemplate.objects.create(team=team, kin=kin, kind="consolidation", name="Playbook",
-                                             body=CUSTOM, is_active=True)
-    PromptTemplate.objects.create(team=team, kind="consolidation", name="Team one",
-                                  body=template_default("consolidation"), is_active=True)
+    template = PromptTemplateFactory(team=team, kin=kin, kind="consolidation", name="Playbook", body=CUSTOM)
+    PromptTemplateFactory(team=team, kind="consolidation", name="Team one", body=template_default("consolidation"))
     fact = add_fact(kin, "Say hello.")
     playbook = "# Playbook\n## Do\n- Say hello.\n## Don't\n"
     model.add(answer(document(["Say hello."]), processed=[fact.pk]),  # the default's sections: wrong here
@@ -155,8 +153,7 @@ def test_a_kin_template_is_used_and_its_sections_are_enforced(kin, team, model):
 
 
 def test_the_team_template_beats_the_default_and_an_explicit_body_beats_both(kin, team, model):
-    team_template = PromptTemplate.objects.create(team=team, kind="consolidation", name="Team", body=CUSTOM,
-                                                  is_active=True)
+    team_template = PromptTemplateFactory(team=team, kind="consolidation", name="Team", body=CUSTOM)
     run = consolidation_run(kin=kin, trigger="api", prepare=True)
     assert (run.template_source, run.template) == ("team", team_template)
 
@@ -181,8 +178,7 @@ def test_an_explicit_template_that_does_not_validate_is_refused_before_anything_
 
 
 def test_a_stored_template_broken_by_hand_falls_back_to_the_default(kin, team, model):
-    PromptTemplate.objects.create(team=team, kin=kin, kind="consolidation", name="Broken",
-                                  body="{nope}", is_active=True)
+    PromptTemplateFactory(team=team, kin=kin, kind="consolidation", name="Broken", body="{nope}")
     run = consolidation_run(kin=kin, trigger="api", prepare=True)
     assert run.template_source == "default" and "# Master AI Experience" in run.rendered_prompt
 
@@ -256,7 +252,7 @@ def test_one_run_per_kin_at_a_time(kin, model):
 
 
 def test_a_run_left_running_by_a_dead_worker_is_marked_failed_by_the_next(kin, model):
-    stale = ConsolidationRun.objects.create(kin=kin, trigger="api", status="running")
+    stale = ConsolidationRunFactory(kin=kin, trigger="api", status="running")
     fact = add_fact(kin, "A fact.")
     model.add(answer(processed=[fact.pk]))
     assert consolidation_run(kin=kin, trigger="api").status == "applied"

@@ -19,6 +19,7 @@ from consolidation.models import ConsolidationRun
 from kinsite.models import LLMCall
 from sessions_app.models import Event, IntrospectionRun, Turn
 from sessions_app.turns import QUEUED_KEY, turns_requeue
+from tests.factories import MessageFactory
 from tests.faults.conftest import wait_for
 from tests.sessions_app.test_api_access import assert_api_error
 
@@ -208,7 +209,7 @@ def test_other_endpoints_while_redis_is_down_answer_503_or_work_without_it(
     older than introspection's STALE_PENDING, sends it again; a refused consolidation runs
     when asked again (or at night)."""
     kin = chat_session.kin
-    Event.objects.create(session=chat_session, role="user", content="Hello", sender="Maria")
+    MessageFactory(session=chat_session, content="Hello", sender="Maria")
     on_redis.stop()
 
     prepared = api_client.post(f"/api/v1/kins/{kin.pk}/consolidate/", {"prepare": True}, format="json")

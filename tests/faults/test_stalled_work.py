@@ -25,6 +25,7 @@ from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.tasks import recover_stalled_introspections_task, requeue_pending_introspections_task
 from sessions_app.turn_tasks import recover_stalled_turns_task, requeue_pending_turns_task
 from sessions_app.turns import turn_stalled_after, turns_recover_stalled, turns_requeue
+from tests.factories import IntrospectionRunFactory, MessageFactory, SessionFactory, TurnFactory
 from tests.faults.conftest import wait_for
 from tests.ops.test_deployment import committed_database_url
 from tests.ops.test_serve_command import REPO, free_port
@@ -209,7 +210,7 @@ def test_an_introspection_run_whose_worker_dies_is_failed_by_the_sweep_not_left_
     lock gone, the sweep fails it with an error saying the worker stopped and nothing was
     applied. Stored: the start event only; no end event, the cursor unchanged. Runs again:
     the session keeps its introspection flag, so the idle scan introspects the same events."""
-    Event.objects.create(session=chat_session, role="user", content="Deploys happen on Tuesdays.", sender="Maria")
+    MessageFactory(session=chat_session, content="Deploys happen on Tuesdays.", sender="Maria")
     Session.objects.filter(pk=chat_session.pk).update(introspection_pending=True)  # as a turn leaves it
     fake_llm.stall(MODEL_STALL_SECONDS)
     env = {"CELERY_BROKER_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_SECONDS)}
@@ -259,14 +260,13 @@ def test_the_sweeps_survive_redis_being_down_and_queue_what_it_kept_once_it_is_b
     Stored: as before; no sweep raises or hangs, each logs that Redis is unreachable and
     changes nothing. Runs again: once Redis is back, the next sweeps queue the pending
     turn and run and the stalled turn, and fail the stalled run; a worker runs each once."""
-    Event.objects.create(session=chat_session, role="user", content="Deploys happen on Tuesdays.", sender="Maria")
-    stalled_session = chat_session.kin.sessions.create(title="Stalled")
-    stalled_message = Event.objects.create(session=stalled_session, role="user", content="Stalled question",
-                                           sender="Maria")
-    stalled_turn = Turn.objects.create(session=stalled_session, user_message=stalled_message, is_async=True,
-                                       status="running", attempts=1)
+    MessageFactory(session=chat_session, content="Deploys happen on Tuesdays.", sender="Maria")
+    stalled_session = SessionFactory(kin=chat_session.kin, title="Stalled")
+    stalled_message = MessageFactory(session=stalled_session, content="Stalled question", sender="Maria")
+    stalled_turn = TurnFactory(session=stalled_session, user_message=stalled_message, is_async=True,
+                               status="running", attempts=1)
     Turn.objects.filter(pk=stalled_turn.pk).update(started_at=F("created_at") - timedelta(hours=1))
-    stalled_run = IntrospectionRun.objects.create(session=stalled_session, trigger="idle", status="running")
+    stalled_run = IntrospectionRunFactory(session=stalled_session, trigger="idle", status="running")
     IntrospectionRun.objects.filter(pk=stalled_run.pk).update(started_at=F("created_at") - timedelta(hours=1))
 
     on_redis.stop()

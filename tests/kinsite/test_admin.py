@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from kinsite.models import ApiToken, LLMCall, Team
 from kinsite.services import api_token_issue
-from tests.factories import MessageFactory, UserFactory
+from tests.factories import LLMCallFactory, MessageFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +33,7 @@ def test_every_model_is_registered_in_admin():
 
 def test_every_changelist_loads_for_staff(staff_client, chat_session, team):
     MessageFactory(session=chat_session)
-    LLMCall.objects.create(team=team, purpose="kin_turn", provider="scripted", model="m", status="ok")
+    LLMCallFactory(team=team)
     api_token_issue(team=team, name="t")
     for model in our_models():
         url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
@@ -41,7 +41,7 @@ def test_every_changelist_loads_for_staff(staff_client, chat_session, team):
 
 
 def test_llm_call_log_and_events_are_read_only(staff_client, chat_session, team):
-    call = LLMCall.objects.create(team=team, purpose="kin_turn", provider="scripted", model="m", status="ok")
+    call = LLMCallFactory(team=team)
     event = MessageFactory(session=chat_session)
     assert staff_client.get(reverse("admin:kinsite_llmcall_add")).status_code == 403
     assert staff_client.post(reverse("admin:kinsite_llmcall_delete", args=[call.pk]), {"post": "yes"}).status_code == 403

@@ -12,11 +12,20 @@ from django.urls import reverse
 from django.utils import timezone
 
 from kinsite.admin_mixins import team_path
-from kinsite.models import LLMCall, PromptTemplate
-from sessions_app.models import IntrospectionRun, Summary
+from kinsite.models import PromptTemplate
+from sessions_app.models import IntrospectionRun
 from tests.abuse.support import seed_team
-from tests.factories import MembershipFactory, MessageFactory, UserFactory
-from workflows.models import NodeResult, NodeRun, WorkflowRun
+from tests.factories import (
+    IntrospectionRunFactory,
+    LLMCallFactory,
+    MembershipFactory,
+    MessageFactory,
+    NodeResultFactory,
+    NodeRunFactory,
+    PromptTemplateFactory,
+    SummaryFactory,
+    UserFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -32,16 +41,14 @@ def seed_everything(team, *, secret, user):
     first = MessageFactory(session=seeded.session, content=f"first {secret}")
     last = MessageFactory(session=seeded.session, content=f"last {secret}")
     now = timezone.now()
-    Summary.objects.create(session=seeded.session, content=f"Summary {secret}", first_event=first, last_event=last,
-                           first_at=now - timedelta(minutes=1), last_at=now, message_count=2)
-    IntrospectionRun.objects.create(session=seeded.session, trigger=IntrospectionRun.Trigger.MANUAL)
-    LLMCall.objects.create(team=team, kin=seeded.kin, purpose="kin_turn", provider="scripted", model=secret,
-                           status="ok")
-    PromptTemplate.objects.create(team=team, kin=seeded.kin, kind="consolidation", name=f"Template {secret}",
-                                  body="{kin_name}", is_active=False)
-    NodeResult.objects.create(node=seeded.node, version=1, records=[], config_fingerprint=secret)
-    run = WorkflowRun.objects.create(workflow=seeded.workflow)
-    NodeRun.objects.create(run=run, node=seeded.node)
+    SummaryFactory(session=seeded.session, content=f"Summary {secret}", first_event=first, last_event=last,
+                   first_at=now - timedelta(minutes=1), last_at=now, message_count=2)
+    IntrospectionRunFactory(session=seeded.session, trigger=IntrospectionRun.Trigger.MANUAL)
+    LLMCallFactory(team=team, kin=seeded.kin, purpose="kin_turn", provider="scripted", model=secret, status="ok")
+    PromptTemplateFactory(team=team, kin=seeded.kin, kind="consolidation", name=f"Template {secret}",
+                          body="{kin_name}", is_active=False)
+    NodeResultFactory(node=seeded.node, version=1, records=[], config_fingerprint=secret)
+    NodeRunFactory(run__workflow=seeded.workflow, node=seeded.node)
     return seeded
 
 

@@ -16,7 +16,7 @@ from kinsite.llm.providers import (
 )
 from kinsite.llm.types import ChatResult, LLMBadResponse, LLMError, LLMHTTPError, LLMTimeout, ToolCall
 from kinsite.models import LLMCall, Team
-from sessions_app.models import Kin
+from tests.factories import KinFactory, TeamFactory
 
 SEARCH_TOOL = {
     "name": "memory_search",
@@ -26,7 +26,7 @@ SEARCH_TOOL = {
 
 
 def make_team(slug: str = "acme") -> Team:
-    return Team.objects.create(name=slug.title(), slug=slug)
+    return TeamFactory(name=slug.title(), slug=slug)
 
 
 def only_call() -> LLMCall:
@@ -248,8 +248,8 @@ def test_missing_usage_is_estimated(fake_llm, fake_llm_provider):
 @pytest.mark.django_db
 def test_model_is_explicit_then_kin_then_provider_default(fake_llm, fake_llm_provider):
     team = make_team()
-    kin = Kin.objects.create(team=team, name="Ada", model="kin-model")
-    plain_kin = Kin.objects.create(team=team, name="Bob")
+    kin = KinFactory(team=team, name="Ada", model="kin-model")
+    plain_kin = KinFactory(team=team, name="Bob")
     messages = [{"role": "user", "content": "hi"}]
 
     llm_chat(purpose="p", messages=messages, kin=kin, model="explicit-model", provider=fake_llm_provider)

@@ -21,13 +21,13 @@ from kinsite.prompt_templates import (
     template_sample_values,
     template_validate,
 )
-from tests.factories import KinFactory, UserFactory
+from tests.factories import KinFactory, PromptTemplateFactory, UserFactory
 
 COMPACTION, CONSOLIDATION, INTROSPECTION = "compaction", "consolidation", "introspection"
 
 
 def make_template(team, *, kin=None, kind=CONSOLIDATION, body="Team body {max_words}", active=True, name="t"):
-    return PromptTemplate.objects.create(team=team, kin=kin, kind=kind, name=name, body=body, is_active=active)
+    return PromptTemplateFactory(team=team, kin=kin, kind=kind, name=name, body=body, is_active=active)
 
 
 # --- resolution ----------------------------------------------------------------------------

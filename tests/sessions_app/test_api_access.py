@@ -16,7 +16,19 @@ from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Event, Kin, Session, Turn
 from workflows.models import Node, NodeRun, Workflow
-from tests.factories import KinFactory, MessageFactory, SessionFactory
+from tests.factories import (
+    ConsolidationRunFactory,
+    ExperienceVersionFactory,
+    FactFactory,
+    KinFactory,
+    MemoryChangeFactory,
+    MemoryFactory,
+    MessageFactory,
+    NodeFactory,
+    SessionFactory,
+    TurnFactory,
+    WorkflowFactory,
+)
 
 API_PREFIX = "/api/v1/"
 # Routes that are public by design and have no team data.
@@ -117,7 +129,7 @@ def seeded(team):
     kin = KinFactory(team=team, name=f"Kin {SECRET}")
     session = SessionFactory(kin=kin, title=f"Session {SECRET}")
     message = MessageFactory(session=session, content=f"the {SECRET} plan", external_id="seed-1")
-    turn = Turn.objects.create(session=session, user_message=message, status=Turn.Status.FAILED, error=SECRET)
+    turn = TurnFactory(session=session, user_message=message, status=Turn.Status.FAILED, error=SECRET)
     memory = _memory(team, kin, f"The {SECRET} plan is due in May.")
     workflow = _workflow(team, f"Workflow {SECRET}")
     return {"kin": kin, "session": session, "memory": memory, "turn": turn, "workflow": workflow}
@@ -129,19 +141,19 @@ def foreign(other_team):
     kin = KinFactory(team=other_team, name=f"Foreign {SECRET}")
     session = SessionFactory(kin=kin, title=f"Foreign session {SECRET}")
     message = MessageFactory(session=session, content=f"the foreign {SECRET} plan", external_id="foreign-1")
-    turn = Turn.objects.create(session=session, user_message=message, status=Turn.Status.FAILED, error=SECRET)
+    turn = TurnFactory(session=session, user_message=message, status=Turn.Status.FAILED, error=SECRET)
     memory = _memory(other_team, kin, f"Foreign: the {SECRET} plan is secret.")
     workflow = _workflow(other_team, f"Foreign workflow {SECRET}")
-    Fact.objects.create(kin=kin, statement=f"Foreign: the {SECRET} fact.", source=Fact.Source.API)
-    run = ConsolidationRun.objects.create(kin=kin, trigger="api", status="applied", summary_of_changes=SECRET)
-    ExperienceVersion.objects.create(kin=kin, version=1, markdown=f"# Master AI Experience\n- {SECRET}", run=run)
+    FactFactory(kin=kin, statement=f"Foreign: the {SECRET} fact.", source=Fact.Source.API)
+    run = ConsolidationRunFactory(kin=kin, trigger="api", status="applied", summary_of_changes=SECRET)
+    ExperienceVersionFactory(kin=kin, version=1, markdown=f"# Master AI Experience\n- {SECRET}", run=run)
     return {"kin": kin, "session": session, "memory": memory, "turn": turn, "workflow": workflow}
 
 
 def _workflow(team, name) -> Workflow:
-    workflow = Workflow.objects.create(team=team, name=name)
+    workflow = WorkflowFactory(team=team, name=name)
     # The node's client id is the workflow's id, so the lineage route (both ids the same) finds it.
-    Node.objects.create(
+    NodeFactory(
         workflow=workflow, client_id=str(workflow.pk), type="inline_records",
         label=f"Records {SECRET}", config={"records": [{"note": SECRET}]},
     )
@@ -150,8 +162,8 @@ def _workflow(team, name) -> Workflow:
 
 def _memory(team, kin, content) -> Memory:
     # Rows made directly: these tests are about access, not about memory_add's duplicate lookup.
-    memory = Memory.objects.create(team=team, kin=kin, content=content, category=Memory.Category.FACT)
-    MemoryChange.objects.create(memory=memory, action=MemoryChange.Action.ADD, after={"content": content}, actor="test")
+    memory = MemoryFactory(team=team, kin=kin, content=content, category=Memory.Category.FACT)
+    MemoryChangeFactory(memory=memory, action=MemoryChange.Action.ADD, after={"content": content}, actor="test")
     return memory
 
 

@@ -29,7 +29,7 @@ from sessions_app.models import Event, Summary
 from sessions_app.selectors import history_search
 from sessions_app.services import ImportItem, messages_import
 from sessions_app.tasks import compact_session_task
-from tests.factories import MessageFactory
+from tests.factories import MessageFactory, PromptTemplateFactory
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 BUDGET = 300  # trigger above 225 tokens, keep the newest 75
@@ -405,15 +405,13 @@ def test_compaction_running_during_an_import_never_takes_its_messages_as_summari
 
 
 def test_kin_template_override_is_the_prompt_the_model_receives(session, llm, other_team):
-    from kinsite.models import PromptTemplate
-
     team = session.kin.team
-    PromptTemplate.objects.create(team=team, kind="compaction", name="team", body="TEAM {transcript}")
-    PromptTemplate.objects.create(
+    PromptTemplateFactory(team=team, kind="compaction", name="team", body="TEAM {transcript}")
+    PromptTemplateFactory(
         team=team, kin=session.kin, kind="compaction", name="terse",
         body="Terse summary for {kin_name} of {message_count} messages ({{no prose}}):\n{transcript}",
     )
-    PromptTemplate.objects.create(team=other_team, kind="compaction", name="other", body="OTHER {transcript}")
+    PromptTemplateFactory(team=other_team, kind="compaction", name="other", body="OTHER {transcript}")
     events = chatter(session, 0, 20)
     llm.add(FIRST_SUMMARY)
 
@@ -429,11 +427,8 @@ def test_kin_template_override_is_the_prompt_the_model_receives(session, llm, ot
 
 
 def test_broken_stored_template_falls_back_to_the_built_in_prompt(session, llm):
-    from kinsite.models import PromptTemplate
-
     # Admin refuses this body; a row written around admin must not stop compaction.
-    PromptTemplate.objects.create(team=session.kin.team, kin=session.kin, kind="compaction", name="broken",
-                                  body="{transcript.__class__}")
+    PromptTemplateFactory(kin=session.kin, kind="compaction", name="broken", body="{transcript.__class__}")
     chatter(session, 0, 20)
     llm.add(FIRST_SUMMARY)
 

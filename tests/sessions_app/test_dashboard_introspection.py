@@ -14,7 +14,7 @@ from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMError
 from memories.models import Memory
 from sessions_app.models import IntrospectionRun, Session
-from tests.factories import KinFactory, MessageFactory, SessionFactory
+from tests.factories import IntrospectionRunFactory, KinFactory, MemoryFactory, MessageFactory, SessionFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -60,7 +60,7 @@ def make_run(session, **fields):
     fields.setdefault("status", IntrospectionRun.Status.DONE)
     if fields["status"] not in (IntrospectionRun.Status.PENDING, IntrospectionRun.Status.RUNNING):
         fields.setdefault("finished_at", timezone.now())
-    return IntrospectionRun.objects.create(session=session, **fields)
+    return IntrospectionRunFactory(session=session, **fields)
 
 
 def panel_of(body: str) -> str:
@@ -100,7 +100,7 @@ def test_empty_notes_say_so(logged_in, chat_session):
 
 def test_runs_show_what_each_changed_newest_first(logged_in, chat_session):
     kin = chat_session.kin
-    memory = Memory.objects.create(team=kin.team, kin=kin, content="The churn report dedups by customer id.")
+    memory = MemoryFactory(kin=kin, content="The churn report dedups by customer id.")
     older = make_run(chat_session, trigger="idle", summary="Nothing worth storing.", event_count=1,
                      duration_ms=420, tokens_in=300, tokens_out=12)
     newer = make_run(
@@ -337,7 +337,7 @@ def test_query_count_does_not_grow_with_the_runs(logged_in, chat_session):
 
     kin = chat_session.kin
     for index in range(25):
-        memory = Memory.objects.create(team=kin.team, kin=kin, content=f"memory {index}")
+        memory = MemoryFactory(kin=kin, content=f"memory {index}")
         make_run(chat_session, summary=f"run {index}", memories_touched=[{"id": memory.pk, "action": "created"}],
                  tool_calls=[{"name": "memory_add", "arguments": {"content": f"memory {index}"}, "result": "ok"}])
 

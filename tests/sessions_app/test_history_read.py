@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from sessions_app import context
 from sessions_app.context import Boundary
-from sessions_app.models import Event, Turn
-from tests.factories import MessageFactory, SessionFactory
+from sessions_app.models import Event
+from tests.factories import MessageFactory, SessionFactory, ToolCallFactory, ToolResultFactory, TurnFactory
 
 START = timezone.now() - timedelta(days=1)
 
@@ -27,9 +27,9 @@ def test_a_turn_reads_no_message_posted_after_its_own(chat_session):
     """Async posts queued behind the turn (pending turns) are not its history, wherever
     they were stored; events of turns that ran since are."""
     first, mine, later, reply, latest = (message(chat_session, minute) for minute in range(5))
-    own = Turn.objects.create(session=chat_session, user_message=mine, status="running")
-    Turn.objects.create(session=chat_session, user_message=later, status="pending")
-    Turn.objects.create(session=chat_session, user_message=latest, status="pending")
+    own = TurnFactory(session=chat_session, user_message=mine, status="running")
+    TurnFactory(session=chat_session, user_message=later, status="pending")
+    TurnFactory(session=chat_session, user_message=latest, status="pending")
 
     assert read_ids(chat_session, budget=10_000, turn_id=own.pk) == [first.pk, mine.pk, reply.pk]
     assert read_ids(chat_session, budget=150, turn_id=own.pk) == [mine.pk, reply.pk]
@@ -56,12 +56,10 @@ def test_other_event_kinds_are_neither_read_nor_counted(chat_session):
 
 def test_tool_events_are_read_with_their_data(chat_session):
     message(chat_session, 0)
-    Event.objects.create(session=chat_session, kind=Event.Kind.TOOL_CALL, role=Event.Role.ASSISTANT,
-                         token_count=20, created_at=START + timedelta(minutes=1),
-                         data={"tool_calls": [{"id": "c1", "name": "memory_recall", "arguments": "{}"}]})
-    result = Event.objects.create(session=chat_session, kind=Event.Kind.TOOL_RESULT, role=Event.Role.TOOL,
-                                  content="[]", token_count=5, created_at=START + timedelta(minutes=2),
-                                  data={"tool_call_id": "c1"})
+    ToolCallFactory(session=chat_session, token_count=20, created_at=START + timedelta(minutes=1),
+                    data={"tool_calls": [{"id": "c1", "name": "memory_recall", "arguments": "{}"}]})
+    result = ToolResultFactory(session=chat_session, content="[]", token_count=5,
+                               created_at=START + timedelta(minutes=2), data={"tool_call_id": "c1"})
 
     entries = list(context._history_entries(chat_session.pk, None, 10_000).values())
 
@@ -117,9 +115,9 @@ def test_the_cut_is_made_from_the_token_index_alone(chat_session, for_turn):
     events = [message(chat_session, minute) for minute in range(300)]
     turn_id = None
     if for_turn:
-        turn_id = Turn.objects.create(session=chat_session, user_message=events[-4], status="running").pk
+        turn_id = TurnFactory(session=chat_session, user_message=events[-4], status="running").pk
         for later in events[-3:]:
-            Turn.objects.create(session=chat_session, user_message=later, status="pending")
+            TurnFactory(session=chat_session, user_message=later, status="pending")
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE sessions_app_event")
     captured = []

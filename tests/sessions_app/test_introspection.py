@@ -22,7 +22,16 @@ from sessions_app.introspection import (
 from sessions_app.introspection_tools import TOOL_NAMES
 from sessions_app.models import Event, IntrospectionRun, Session
 from sessions_app.tasks import introspect_session_task, scan_idle_sessions_task
-from tests.factories import KinFactory, MemoryFactory, MessageFactory, SessionFactory, TeamFactory
+from tests.factories import (
+    IntrospectionRunFactory,
+    KinFactory,
+    MemoryFactory,
+    MessageFactory,
+    PromptTemplateFactory,
+    SessionFactory,
+    SummaryFactory,
+    TeamFactory,
+)
 
 SIX_TOOLS = {"memory_recall", "memory_add", "memory_update", "memory_delete", "working_memory_update",
              "session_description_update"}
@@ -148,11 +157,8 @@ def test_a_run_without_new_events_is_skipped_without_calling_the_model(chat_sess
 
 
 def test_compaction_summaries_are_never_read(chat_session, model):
-    from sessions_app.models import Summary
-
     event = say(chat_session, "raw words")
-    Summary.objects.create(session=chat_session, content="SUMMARY TEXT", first_event=event, last_event=event,
-                           first_at=event.created_at, last_at=event.created_at, message_count=1)
+    SummaryFactory(session=chat_session, content="SUMMARY TEXT", first_event=event, last_event=event)
     model.add("Nothing worth storing.")
 
     run_now(chat_session)
@@ -162,10 +168,8 @@ def test_compaction_summaries_are_never_read(chat_session, model):
 
 
 def test_an_admin_template_of_the_kin_is_used(chat_session, model):
-    from kinsite.models import PromptTemplate
-
-    PromptTemplate.objects.create(team=chat_session.kin.team, kin=chat_session.kin, kind="introspection",
-                                  name="short", body="Kin {kin_name}; events:\n{events}", is_active=True)
+    PromptTemplateFactory(kin=chat_session.kin, kind="introspection", name="short",
+                          body="Kin {kin_name}; events:\n{events}")
     say(chat_session, "hello there")
     model.add("Nothing worth storing.")
 
@@ -304,8 +308,8 @@ def test_a_delivery_while_the_same_run_is_in_progress_does_nothing(chat_session,
 
 def test_a_second_run_while_one_is_in_progress_is_busy_and_then_skipped(chat_session, model):
     say(chat_session, "hello")
-    running = IntrospectionRun.objects.create(session=chat_session, trigger="manual")
-    queued = IntrospectionRun.objects.create(session=chat_session, trigger="checkpoint")
+    running = IntrospectionRunFactory(session=chat_session, trigger="manual")
+    queued = IntrospectionRunFactory(session=chat_session, trigger="checkpoint")
     with introspection._session_lock(chat_session.pk, running.pk):
         with pytest.raises(IntrospectionBusy):
             session_introspect(run_id=queued.pk)
@@ -338,7 +342,7 @@ def test_a_requested_run_is_reused_while_pending(chat_session):
 def test_two_concurrent_runs_for_one_session_end_in_one_run(transactional_db):
     session = SessionFactory(kin=KinFactory(team=TeamFactory()))
     say(session, "hello")
-    runs = [IntrospectionRun.objects.create(session=session, trigger=t) for t in ("checkpoint", "idle")]
+    runs = [IntrospectionRunFactory(session=session, trigger=t) for t in ("checkpoint", "idle")]
     # The same run delivered twice as well: four deliveries racing for one session.
     deliveries = [runs[0].pk, runs[1].pk, runs[0].pk, runs[1].pk]
     model = ScriptedProvider(["Nothing worth storing."] * 4)
@@ -528,7 +532,7 @@ def test_idle_scan_honours_per_kin_timeouts_and_disabled_kins(team):
 
 def test_idle_scan_skips_sessions_with_a_queued_run(kin):
     session = _idle_session(kin, minutes_idle=30)
-    IntrospectionRun.objects.create(session=session, trigger="checkpoint")
+    IntrospectionRunFactory(session=session, trigger="checkpoint")
 
     assert idle_sessions_due(timezone.now()) == []
 

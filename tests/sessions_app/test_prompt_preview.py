@@ -7,8 +7,8 @@ from django.utils.dateparse import parse_datetime
 
 from kinsite.tokencount import count_tokens
 from memories.models import Memory
-from sessions_app.models import Event, Summary
-from tests.factories import MemoryFactory, MessageFactory
+from sessions_app.models import Event
+from tests.factories import MemoryFactory, MessageFactory, SummaryFactory, ToolCallFactory, ToolResultFactory
 from tests.sessions_app.test_api_access import assert_api_error
 from tests.sessions_app.test_turns import chat_requests, post
 
@@ -76,9 +76,9 @@ def test_preview_history_respects_budget_and_compaction_boundary(api_client, cha
         MessageFactory(session=chat_session, content=f"old message {i}", created_at=start + timedelta(seconds=i))
         for i in range(3)
     ]
-    Summary.objects.create(
+    SummaryFactory(
         session=chat_session, content="Earlier they discussed the old plan.", first_event=old[0],
-        last_event=old[-1], first_at=old[0].created_at, last_at=old[-1].created_at, message_count=3,
+        last_event=old[-1], message_count=3,
     )
     long_text = "word " * 400  # about 400 tokens each
     for i in range(5):
@@ -127,10 +127,9 @@ def test_preview_keeps_tool_calls_with_their_results(api_client, chat_session, k
     kin.history_token_budget = 1000
     kin.save()
     MessageFactory(session=chat_session, content="remember this")
-    Event.objects.create(session=chat_session, kind="tool_call", role="assistant", token_count=600,
-                         data={"tool_calls": [{"id": "c1", "name": "memorize", "arguments": "{}"}]})
-    Event.objects.create(session=chat_session, kind="tool_result", role="tool", content="ok", token_count=600,
-                         data={"tool_call_id": "c1", "name": "memorize"})
+    ToolCallFactory(session=chat_session, token_count=600,
+                    data={"tool_calls": [{"id": "c1", "name": "memorize", "arguments": "{}"}]})
+    ToolResultFactory(session=chat_session, content="ok", token_count=600, data={"tool_call_id": "c1", "name": "memorize"})
     MessageFactory(session=chat_session, content="done", role="assistant", sender="")
 
     body = preview(api_client, chat_session, message="next").json()

@@ -31,7 +31,7 @@ from sessions_app.turns import (
     turns_recover_stalled,
     turns_requeue,
 )
-from tests.factories import MessageFactory
+from tests.factories import IntrospectionRunFactory, MessageFactory, TurnFactory
 
 
 @pytest.fixture(autouse=True)
@@ -171,8 +171,8 @@ def test_a_run_whose_worker_died_is_failed_once_past_the_time_limit_and_the_idle
 
 def test_a_running_run_whose_lock_is_held_is_left_alone(chat_session, model):
     MessageFactory(session=chat_session)
-    run = IntrospectionRun.objects.create(session=chat_session, trigger="idle", status="running",
-                                          started_at=timezone.now() - run_stalled_after() - timedelta(minutes=1))
+    run = IntrospectionRunFactory(session=chat_session, trigger="idle", status="running",
+                                  started_at=timezone.now() - run_stalled_after() - timedelta(minutes=1))
 
     with introspection._session_lock(chat_session.pk, run.pk):
         assert introspection_recover_stalled() == []
@@ -284,8 +284,8 @@ def test_a_recovered_sync_turn_the_broker_did_not_take_is_sent_by_the_requeue_sw
 @pytest.mark.parametrize("is_async", [True, False], ids=["async", "sync"])
 def test_a_running_turn_whose_session_lock_is_held_is_left_alone(chat_session, fake_llm, is_async):
     message = MessageFactory(session=chat_session)
-    turn = Turn.objects.create(session=chat_session, user_message=message, is_async=is_async, status="running",
-                               attempts=1, started_at=timezone.now() - turn_stalled_after() - timedelta(minutes=1))
+    turn = TurnFactory(session=chat_session, user_message=message, is_async=is_async, status="running",
+                       attempts=1, started_at=timezone.now() - turn_stalled_after() - timedelta(minutes=1))
 
     with session_lock(chat_session.pk):  # someone is working on the session
         stalled = turns_recover_stalled()
@@ -300,9 +300,9 @@ def test_a_running_turn_whose_session_lock_is_held_is_left_alone(chat_session, f
 @pytest.mark.parametrize("is_async", [True, False], ids=["async", "sync"])
 def test_a_turn_out_of_attempts_is_failed_instead_of_run_again(chat_session, fake_llm, is_async):
     message = MessageFactory(session=chat_session)
-    turn = Turn.objects.create(session=chat_session, user_message=message, is_async=is_async, status="running",
-                               attempts=TURN_MAX_ATTEMPTS,
-                               started_at=timezone.now() - turn_stalled_after() - timedelta(minutes=1))
+    turn = TurnFactory(session=chat_session, user_message=message, is_async=is_async, status="running",
+                       attempts=TURN_MAX_ATTEMPTS,
+                       started_at=timezone.now() - turn_stalled_after() - timedelta(minutes=1))
 
     stalled = turns_recover_stalled()
 

@@ -4,7 +4,7 @@ import pytest
 
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Event, Session, Turn
-from tests.factories import MemoryFactory, MessageFactory
+from tests.factories import MemoryFactory, MessageFactory, ToolCallFactory, ToolResultFactory, TurnFactory
 from tests.sessions_app.test_api_access import assert_api_error
 
 pytestmark = pytest.mark.usefixtures("fake_llm_gateway")
@@ -293,7 +293,7 @@ def test_another_teams_turn_answers_404(api_client, other_team, fake_llm):
     from tests.factories import KinFactory, SessionFactory
 
     session = SessionFactory(kin=KinFactory(team=other_team))
-    turn = Turn.objects.create(session=session)
+    turn = TurnFactory(session=session)
 
     assert_api_error(api_client.get(f"/api/v1/turns/{turn.pk}/"), 404, code="not_found")
 
@@ -403,12 +403,12 @@ def test_a_turn_prompt_ends_at_its_own_message_and_the_tool_rounds_it_already_st
     MessageFactory(session=chat_session, content="Earlier question", role="user", sender="Tom")
     first, later = queue_without_running(chat_session, ["Remember Friday.", "And Monday?"],
                                          django_capture_on_commit_callbacks)
-    tool_call = Event.objects.create(
-        session=chat_session, kind="tool_call", role="assistant", token_count=5,
+    tool_call = ToolCallFactory(
+        session=chat_session, token_count=5,
         data={"turn": first.pk, "tool_calls": [{"id": "call_1", "name": "memorize", "arguments": "{}"}]},
     )
-    Event.objects.create(session=chat_session, kind="tool_result", role="tool", content='{"status": "created"}',
-                         token_count=5, data={"turn": first.pk, "tool_call_id": "call_1", "name": "memorize"})
+    ToolResultFactory(session=chat_session, content='{"status": "created"}', token_count=5,
+                      data={"turn": first.pk, "tool_call_id": "call_1", "name": "memorize"})
 
     prompt = prompt_assemble(session=chat_session, message_text=first.user_message.content, sender="Maria",
                              current_event=first.user_message, turn_id=first.pk)
