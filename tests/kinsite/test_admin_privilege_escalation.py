@@ -5,7 +5,9 @@ changes every team's kins, sessions, memories and tokens.
 
 Found by verification of issue 14 from outside: `staffa` (staff of team A, every model
 permission, not a superuser) opened /admin/auth/user/<own id>/change/, ticked "Superuser
-status" and saved (302); /admin/sessions_app/kin/ then listed team B's kin."""
+status" and saved (302); /admin/sessions_app/kin/ then listed team B's kin. The same staff
+user also set a new password for the demo superuser (a member of team A) at
+/admin/auth/user/1/password/ (302) and logged in as that superuser with it."""
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
@@ -96,3 +98,30 @@ def test_staff_cannot_make_another_user_superuser(client, staff, team, in_team):
                 change_form_data(client, other, is_superuser=True))
     other.refresh_from_db()
     assert not other.is_superuser
+
+
+def test_staff_cannot_set_the_password_of_a_superuser_in_their_team(client, staff, team):
+    # Verification: staffa posted /admin/auth/user/1/password/ (the demo superuser, a member
+    # of staffa's team) → 302, then logged in as the superuser with the new password.
+    boss = UserFactory(is_staff=True, is_superuser=True)
+    boss.set_password("the-old-password-1")
+    boss.save()
+    MembershipFactory(team=team, user=boss, role="owner")
+    client.force_login(staff)
+    client.post(reverse("admin:auth_user_password_change", args=[boss.pk]), {
+        "password1": "Takeover-pass-987", "password2": "Takeover-pass-987", "usable_password": "true",
+    })
+    boss.refresh_from_db()
+    assert boss.check_password("the-old-password-1"), "a staff user who is not a superuser reset a superuser's password"
+
+
+def test_staff_cannot_edit_a_superuser_in_their_team(client, staff, team):
+    boss = UserFactory(is_staff=True, is_superuser=True, email="boss@example.com")
+    MembershipFactory(team=team, user=boss, role="owner")
+    client.force_login(staff)
+    response = client.get(reverse("admin:auth_user_change", args=[boss.pk]))
+    if response.status_code == 200:
+        client.post(reverse("admin:auth_user_change", args=[boss.pk]),
+                    change_form_data(client, boss, email="attacker@example.com", is_staff=False))
+    boss.refresh_from_db()
+    assert boss.email == "boss@example.com" and boss.is_staff
