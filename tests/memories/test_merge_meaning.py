@@ -1,0 +1,42 @@
+"""Duplicate merging (SPEC §6: "same meaning, not only same text"): two statements whose
+words differ only in a stop word that carries the meaning ("not", "before" / "after") say
+different things and stay two memories, like "Meeting at 3pm" / "Meeting at 5pm" (issue 14,
+item 14). The word rule compares stemmed terms without stop words, so today "Maria is not
+vegan" is taken for "Maria is vegan": the API answers 200 `"created": false` and rewrites
+the existing memory's content.
+
+Found by verification of issue 14 from outside:
+POST /api/v1/kins/5/memories/ {"content": "Maria is not vegan", "category": "fact"} → 201 (id 18),
+then {"content": "Maria is vegan", "category": "fact"} → 200 {"id": 18, "created": false, ...}."""
+import uuid
+
+import pytest
+
+from memories import services
+from memories.models import Memory
+from memories.services import Actor
+
+ACTOR = Actor(label="user:maria")
+
+DIFFERENT_BY_A_STOP_WORD = [
+    ("Maria is not vegan", "Maria is vegan"),
+    ("Maria does not like tea", "Maria likes tea"),
+    ("Backups run before the deploy", "Backups run after the deploy"),
+]
+
+
+@pytest.fixture(autouse=True)
+def private_cache(settings):
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                   "LOCATION": f"memories-tests-{uuid.uuid4()}"}}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("first, second", DIFFERENT_BY_A_STOP_WORD)
+def test_statements_differing_in_a_meaning_stop_word_stay_two_memories(team, kin, first, second):
+    original = services.memory_add(team=team, kin=kin, content=first, actor=ACTOR).memory
+    result = services.memory_add(team=team, kin=kin, content=second, actor=ACTOR)
+    original.refresh_from_db()
+    assert result.created, f"{second!r} was merged into {first!r}"
+    assert original.content == first
+    assert sorted(Memory.objects.filter(team=team).values_list("content", flat=True)) == sorted([first, second])
