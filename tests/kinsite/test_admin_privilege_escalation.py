@@ -125,3 +125,72 @@ def test_staff_cannot_edit_a_superuser_in_their_team(client, staff, team):
                     change_form_data(client, boss, email="attacker@example.com", is_staff=False))
     boss.refresh_from_db()
     assert boss.email == "boss@example.com" and boss.is_staff
+
+
+def test_staff_see_no_installation_wide_fields_and_cannot_change_staff_status(client, staff, team):
+    colleague = UserFactory(is_staff=False)
+    MembershipFactory(team=team, user=colleague)
+    client.force_login(staff)
+    form = client.get(reverse("admin:auth_user_change", args=[colleague.pk])).context["adminform"].form
+    assert not {"is_superuser", "groups", "user_permissions", "is_staff"} & set(form.fields)
+    client.post(reverse("admin:auth_user_change", args=[colleague.pk]),
+                change_form_data(client, colleague, is_staff=True,
+                                 user_permissions=[str(pk) for pk in Permission.objects.values_list("pk", flat=True)]))
+    colleague.refresh_from_db()
+    assert not colleague.is_staff and not colleague.user_permissions.exists()
+
+
+def test_superusers_still_see_and_grant_every_field(client, team):
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    member = UserFactory()
+    form = client.get(reverse("admin:auth_user_change", args=[member.pk])).context["adminform"].form
+    assert {"is_superuser", "groups", "user_permissions", "is_staff"} <= set(form.fields)
+
+
+def test_staff_can_still_set_a_colleagues_password(client, staff, team):
+    colleague = UserFactory()
+    MembershipFactory(team=team, user=colleague)
+    client.force_login(staff)
+    response = client.post(reverse("admin:auth_user_password_change", args=[colleague.pk]), {
+        "password1": "Fresh-pass-987", "password2": "Fresh-pass-987", "usable_password": "true",
+    })
+    assert response.status_code == 302
+    colleague.refresh_from_db()
+    assert colleague.check_password("Fresh-pass-987")
+
+
+def test_staff_cannot_take_over_someone_who_is_also_in_another_team(client, staff, team, other_team):
+    # Their password would open the other team to whoever set it.
+    both = UserFactory()
+    both.set_password("the-old-password-1")
+    both.save()
+    MembershipFactory(team=team, user=both)
+    MembershipFactory(team=other_team, user=both, role="owner")
+    client.force_login(staff)
+    response = client.post(reverse("admin:auth_user_password_change", args=[both.pk]), {
+        "password1": "Takeover-pass-987", "password2": "Takeover-pass-987", "usable_password": "true",
+    })
+    assert response.status_code == 403
+    both.refresh_from_db()
+    assert both.check_password("the-old-password-1")
+
+
+def test_staff_cannot_take_over_a_colleague_holding_permissions_they_lack(client, team):
+    limited = UserFactory(is_staff=True)
+    limited.user_permissions.set(Permission.objects.filter(content_type__app_label="auth", codename__endswith="_user"))
+    MembershipFactory(team=team, user=limited, role="admin")
+    stronger = UserFactory(is_staff=True)
+    stronger.user_permissions.set(Permission.objects.all())
+    MembershipFactory(team=team, user=stronger, role="admin")
+    client.force_login(User.objects.get(pk=limited.pk))
+    assert client.get(reverse("admin:auth_user_password_change", args=[stronger.pk])).status_code == 403
+
+
+def test_staff_cannot_delete_a_superuser_in_their_team(client, staff, team):
+    boss = UserFactory(is_staff=True, is_superuser=True)
+    MembershipFactory(team=team, user=boss, role="owner")
+    client.force_login(staff)
+    client.post(reverse("admin:auth_user_delete", args=[boss.pk]), {"post": "yes"})
+    client.post(reverse("admin:auth_user_changelist"),
+                {"action": "delete_selected", "_selected_action": [boss.pk], "post": "yes"})
+    assert User.objects.filter(pk=boss.pk).exists()
