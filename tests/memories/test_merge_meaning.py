@@ -40,3 +40,31 @@ def test_statements_differing_in_a_meaning_stop_word_stay_two_memories(team, kin
     assert result.created, f"{second!r} was merged into {first!r}"
     assert original.content == first
     assert sorted(Memory.objects.filter(team=team).values_list("content", flat=True)) == sorted([first, second])
+
+
+@pytest.mark.parametrize("first, second", [
+    *DIFFERENT_BY_A_STOP_WORD,
+    ("Maria doesn't eat meat on weekdays at home", "Maria does eat meat on weekdays at home"),
+    ("Maria can't attend the planning meeting", "Maria can attend the planning meeting"),
+    ("Maria wants more coffee in the morning", "Maria wants coffee in the morning"),
+    ("No deploys on Friday afternoons for the team", "Deploys on Friday afternoons for the team"),
+])
+def test_a_meaning_word_keeps_statements_apart_even_when_their_vectors_agree(first, second):
+    # Embedders barely see a "not": a near-identical vector must not merge them either.
+    from memories import ranking
+
+    assert not ranking.is_duplicate(new_terms=ranking.term_set(second), old_terms=ranking.term_set(first),
+                                    new_subject="", old_subject="", vector_similarity=0.99)
+
+
+@pytest.mark.parametrize("first, second", [
+    ("Maria doesn't like tea", "Maria does not like tea"),
+    ("Maria can't swim", "Maria cannot swim"),
+    ("Maria won’t travel in winter", "Maria will not travel in winter"),
+    ("Maria is not vegan", "maria is NOT vegan!"),
+])
+def test_the_same_negation_spelled_differently_still_merges(first, second):
+    from memories import ranking
+
+    assert ranking.is_duplicate(new_terms=ranking.term_set(second), old_terms=ranking.term_set(first),
+                                new_subject="", old_subject="")
