@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.utils.html import format_html, format_html_join
 
-from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
+from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin, user_manageable_by
 from kinsite.models import ApiToken, LLMCall, Membership, PromptTemplate, Team
 from kinsite.prompt_templates import (
     KINDS,
@@ -42,9 +42,43 @@ class TeamAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
 admin.site.unregister(get_user_model())
 
 
+# Installation-wide powers a staff user who is not a superuser may neither see nor grant:
+# superuser status and permissions (directly or through groups) reach past every team, and
+# staff status is worth nothing without permissions, so granting it stays with whoever
+# grants those (a superuser) rather than leaving half-made staff users behind.
+SUPERUSER_ONLY_USER_FIELDS = ("is_superuser", "groups", "user_permissions")
+SUPERUSER_ONLY_READONLY_USER_FIELDS = ("is_staff",)
+
+
 @admin.register(get_user_model())
 class TeamScopedUserAdmin(TeamScopedAdminMixin, UserAdmin):
-    pass
+    """Staff who are not superusers manage their teams' people (names, emails, passwords,
+    active) but never a superuser, never someone who also belongs to a team of theirs they
+    are not in, and never someone holding a permission they lack: taking over such an account
+    (by password or email) would step out of their own scope. Enforced on the object
+    (change, password, delete), not only by hiding fields."""
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if request.user.is_superuser:
+            return fieldsets
+        # Left out of the form altogether, so a posted value is ignored, not just not shown.
+        return [
+            (name, {**options, "fields": [f for f in options["fields"] if f not in SUPERUSER_ONLY_USER_FIELDS]})
+            for name, options in fieldsets
+        ]
+
+    def get_readonly_fields(self, request, obj=None):
+        readonly = list(super().get_readonly_fields(request, obj))
+        if not request.user.is_superuser and obj is not None:
+            readonly += [f for f in SUPERUSER_ONLY_READONLY_USER_FIELDS if f not in readonly]
+        return readonly
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and (obj is None or user_manageable_by(obj, request.user))
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and (obj is None or user_manageable_by(obj, request.user))
 
 
 @admin.register(Membership)

@@ -58,6 +58,25 @@ def scope_q(model, user) -> Q | None:
     return Q(**{f"{path}__in": _team_ids(user)})
 
 
+def user_manageable_by(target, editor) -> bool:
+    """Whether `editor` may change, re-password or delete the account `target` in the admin:
+    a superuser any; anyone else themselves, or a user who is no superuser, belongs to no team
+    the editor is not in, and holds no permission the editor lacks (counted even while the
+    target is inactive, since the editor may reactivate them)."""
+    if editor.is_superuser or target.pk == editor.pk:
+        return True
+    if target.is_superuser:
+        return False
+    from django.contrib.auth.models import Permission
+    from kinsite.models import Membership
+
+    if Membership.objects.filter(user=target).exclude(team_id__in=_team_ids(editor)).exists():
+        return False
+    held = Permission.objects.filter(Q(user=target) | Q(group__user=target)).values_list(
+        "content_type__app_label", "codename")
+    return {f"{app}.{codename}" for app, codename in held} <= editor.get_all_permissions()
+
+
 def scoped(queryset, user):
     q = scope_q(queryset.model, user)
     if q is None:

@@ -59,6 +59,20 @@ DUPLICATE_MIN_JACCARD = 0.8
 # Vector rule: paraphrases of one statement score ~0.9–0.98 with current embedders,
 # related-but-different statements about the same person or topic mostly 0.75–0.9.
 DUPLICATE_MIN_COSINE = 0.93
+# Words that flip or order what a statement says, so two texts differing in one of them are
+# different memories however alike the rest (and their vectors: embedders barely see a "not"):
+# "Maria is not vegan" / "Maria is vegan", "backups run before / after the deploy", "more /
+# less coffee". Several are search stop words, so term_set keeps these even then. Kept short
+# and English (as STOP_WORDS is): a word here that does not change the meaning only costs a
+# missed merge, which consolidation folds later. "n't" and "cannot" count as "not".
+MEANING_WORDS = frozenset(
+    """
+    not no nor never neither none nobody nothing nowhere without
+    before after until
+    above below
+    more less most least fewer
+    """.split()
+)
 
 
 # --- terms ----------------------------------------------------------------------------------
@@ -112,20 +126,40 @@ def _tokens(text: str) -> list[str]:
     return tokens
 
 
+# "doesn't" → "does not", so it compares equal to the spelled-out form; the irregular
+# contractions first, so "can't" is "can not" (as "cannot" is), not a word "ca".
+_IRREGULAR_NT = re.compile(r"\b(ca|wo|sha)n['\u2019]t\b", re.IGNORECASE)
+_IRREGULAR_NT_STEMS = {"ca": "can", "wo": "will", "sha": "shall"}
+_NT = re.compile(r"n['\u2019]t\b", re.IGNORECASE)
+
+
+def _expand_negations(text: str) -> str:
+    text = _IRREGULAR_NT.sub(lambda m: f"{_IRREGULAR_NT_STEMS[m[1].lower()]} not", text)
+    text = _NT.sub(" not", text)
+    return re.sub(r"\bcannot\b", "can not", text, flags=re.IGNORECASE)
+
+
 def term_set(text: str) -> frozenset[str]:
     """The stemmed, stop-word-free terms of `text`: its words in any script, numbers and
-    symbols (see _tokens). Single ASCII letters ("Maria's" splits into "maria" and "s")
-    carry no meaning and are dropped; single digits and letters of other scripts do not
-    ("host 1" vs "host 2")."""
-    return frozenset(
-        stem(token) for token in _tokens(text)
-        if token not in STOP_WORDS and token.strip("_")
-        and not (len(token) == 1 and token.isascii() and token.isalpha())
-    )
+    symbols (see _tokens), plus its MEANING_WORDS, unstemmed, stop words or not. Single
+    ASCII letters ("Maria's" splits into "maria" and "s") carry no meaning and are dropped;
+    single digits and letters of other scripts do not ("host 1" vs "host 2")."""
+    terms = set()
+    for token in _tokens(_expand_negations(text)):
+        if token in MEANING_WORDS:
+            terms.add(token)
+        elif (token not in STOP_WORDS and token.strip("_")
+              and not (len(token) == 1 and token.isascii() and token.isalpha())):
+            terms.add(stem(token))
+    return frozenset(terms)
 
 
 def _numbers(terms: frozenset[str]) -> frozenset[str]:
     return frozenset(term for term in terms if any(char.isdigit() for char in term))
+
+
+def _meaning_words(terms: frozenset[str]) -> frozenset[str]:
+    return terms & MEANING_WORDS
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
@@ -170,11 +204,15 @@ def is_duplicate(
 ) -> bool:
     """Same meaning: two set subjects that differ rule it out, and so do two different sets
     of numbers ("at 3pm" / "at 5pm": one changed term of many passes the word rule, and
-    embedders barely see digits); then either rule suffices."""
+    embedders barely see digits) and any difference in MEANING_WORDS ("not", "before" /
+    "after": a negation added or dropped is as much a change as a swapped one); then either
+    rule suffices."""
     if new_subject.strip() and old_subject.strip() and new_subject.strip().casefold() != old_subject.strip().casefold():
         return False
     new_numbers, old_numbers = _numbers(new_terms), _numbers(old_terms)
     if new_numbers and old_numbers and new_numbers != old_numbers:
+        return False
+    if _meaning_words(new_terms) != _meaning_words(old_terms):
         return False
     if new_terms and jaccard(new_terms, old_terms) >= DUPLICATE_MIN_JACCARD:
         return True

@@ -41,6 +41,23 @@ class WorkflowInvalid(InvalidInput):
     code = "invalid_workflow"
 
 
+# A node id is the last part of the dashboard's and the API's addresses of the node
+# (/workflows/<id>/nodes/<node id>/): it may hold "/" (those routes take a path), but not a
+# line break or another character no URL route matches, and no "." or ".." segment, which a
+# browser folds into the parent path and so would open another page. 100: the column.
+NODE_ID_MAX_CHARS = 100
+
+
+def node_id_problem(node_id: str) -> str | None:
+    """Why `node_id` cannot name a node (None: it can). Also used for ids stored before the
+    rule, which the dashboard lists without a link."""
+    if not node_id.isprintable():
+        return "must be one line of printable characters (no line breaks, tabs or control characters)"
+    if any(segment in (".", "..") for segment in node_id.split("/")):
+        return "must not be '.' or '..' or hold them between slashes"
+    return None
+
+
 # --- the JSON document -----------------------------------------------------------------------
 
 
@@ -110,7 +127,12 @@ def document_clean(data: Any) -> WorkflowDocument:
         extra = sorted(set(raw) - NODE_KEYS - READ_ONLY_NODE_KEYS)
         if extra:
             errors.append(f"{where} has unknown keys: {', '.join(extra)}.")
-        node_id = _str(raw.get("id"), where=f"{where}.id", max_length=100, errors=errors, required=True)
+        node_id = _str(raw.get("id"), where=f"{where}.id", max_length=NODE_ID_MAX_CHARS, errors=errors,
+                       required=True)
+        problem = node_id_problem(node_id) if node_id else None
+        if problem:
+            # repr: the message itself stays one line, whatever the id holds.
+            errors.append(f"{where}.id {node_id!r} {problem}.")
         node_type = _str(raw.get("type"), where=f"{where}.type", max_length=50, errors=errors, required=True)
         label = _str(raw.get("label"), where=f"{where}.label", max_length=200, errors=errors)
         config = raw.get("config") if raw.get("config") is not None else {}

@@ -7,7 +7,8 @@ urlpatterns = [
     path("workflows/<int:workflow_id>/", views.WorkflowDetailView.as_view(), name="workflow-detail"),
     path("workflows/<int:workflow_id>/run/", views.WorkflowRunView.as_view(), name="workflow-run"),
     path(
-        "workflows/<int:workflow_id>/nodes/<str:node_id>/lineage/",
+        # Node ids may hold "/" (workflows.services.node_id_problem), so the id is a path.
+        "workflows/<int:workflow_id>/nodes/<path:node_id>/lineage/",
         views.NodeLineageView.as_view(),
         name="workflow-node-lineage",
     ),
