@@ -17,13 +17,12 @@ from django.utils import timezone
 
 from kinsite.llm.gateway import llm_embed
 from kinsite.llm.providers import get_default_provider
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from kinsite.rawsql import aware_datetime
 from kinsite.softcache import soft_cache_get, soft_cache_set
 from kinsite.textsearch import fts5_match_expression, query_terms
 from memories import ranking
 from memories.models import Memory, MemoryChange
-from sessions_app.models import Kin
 
 logger = logging.getLogger(__name__)
 

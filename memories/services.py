@@ -7,10 +7,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from memories import selectors
 from memories.models import Memory, MemoryChange
-from sessions_app.models import Kin
 
 # The fields a change row snapshots, and the ones callers may edit.
 SNAPSHOT_FIELDS = ("kin_id", "category", "content", "subject", "importance", "status", "superseded_by_id")

@@ -15,10 +15,9 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.utils import timezone
 
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from memories import selectors, services
 from memories.models import Memory
-from sessions_app.models import Kin
 
 CONTENT_MAX_CHARS = 4_000
 RECALL_MAX_LIMIT = 50

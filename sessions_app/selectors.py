@@ -4,10 +4,10 @@ from django.db.models import Count, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from kinsite.softcache import soft_cache_get, soft_cache_set
 from kinsite.textsearch import fts5_match_expression, query_terms
-from sessions_app.models import Event, IntrospectionRun, Kin, Session
+from sessions_app.models import Event, IntrospectionRun, Session
 
 
 def kin_list(*, team: Team):

@@ -2,10 +2,10 @@
 import factory
 from django.contrib.auth import get_user_model
 
-from kinsite.models import Membership, Team
+from kinsite.models import Kin, Membership, Team
 from kinsite.tokencount import count_tokens
 from memories.models import Memory
-from sessions_app.models import Event, Kin, Session
+from sessions_app.models import Event, Session
 
 
 class UserFactory(factory.django.DjangoModelFactory):

@@ -9,9 +9,10 @@ from rest_framework.views import APIView
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
 from kinsite.api.throttles import TokenRateThrottle
+from kinsite.models import Kin
 from sessions_app import introspection, selectors, services, turns
 from sessions_app.context import PENDING_MESSAGE_ID, prompt_assemble
-from sessions_app.models import Event, IntrospectionRun, Kin, Session, Turn
+from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.tools import kin_toolset
 from sessions_app.api.serializers import (
     IntrospectionRunSerializer,

@@ -16,10 +16,10 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
-from kinsite.models import LLMCall, PromptTemplate
+from kinsite.models import Kin, LLMCall, PromptTemplate
 from kinsite.services import api_token_issue
 from memories.models import Memory, MemoryChange
-from sessions_app.models import Event, IntrospectionRun, Kin, Session, Summary, Turn
+from sessions_app.models import Event, IntrospectionRun, Session, Summary, Turn
 from tests.abuse.support import project_models
 from workflows.models import Edge, Node, NodeResult, NodeRun, Workflow, WorkflowRun
 

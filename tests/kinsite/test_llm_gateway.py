@@ -15,8 +15,7 @@ from kinsite.llm.providers import (
     provider_override,
 )
 from kinsite.llm.types import ChatResult, LLMBadResponse, LLMError, LLMHTTPError, LLMTimeout, ToolCall
-from kinsite.models import LLMCall, Team
-from sessions_app.models import Kin
+from kinsite.models import Kin, LLMCall, Team
 
 SEARCH_TOOL = {
     "name": "memory_search",
