@@ -26,8 +26,8 @@ def populate(*, sessions: int, due: int, active_flagged: int) -> dict:
     for days with nothing new (introspected already, flag cleared)."""
     from django.utils import timezone
 
-    from kinsite.models import Team
-    from sessions_app.models import Event, Kin, Session
+    from kinsite.models import Kin, Team
+    from sessions_app.models import Event, Session
 
     team = Team.objects.create(name="Bench", slug="bench-idle")
     kins = Kin.objects.bulk_create([Kin(team=team, name=f"Kin {i}") for i in range(10)])

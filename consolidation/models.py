@@ -24,7 +24,7 @@ class Fact(models.Model):
         ACTIVE = "active"
         SUPERSEDED = "superseded"
 
-    kin = models.ForeignKey("sessions_app.Kin", on_delete=models.CASCADE, related_name="facts")
+    kin = models.ForeignKey("kinsite.Kin", on_delete=models.CASCADE, related_name="facts")
     statement = models.TextField()
     category = models.CharField(max_length=12, choices=Category.choices, default=Category.FACT)
     source = models.CharField(max_length=16, choices=Source.choices)
@@ -75,7 +75,7 @@ class ConsolidationRun(models.Model):
         PREPARED = "prepared"  # prompt rendered only, no model called
         SKIPPED = "skipped"  # a requested run closed without a model call (error says why): nothing changed
 
-    kin = models.ForeignKey("sessions_app.Kin", on_delete=models.CASCADE, related_name="consolidation_runs")
+    kin = models.ForeignKey("kinsite.Kin", on_delete=models.CASCADE, related_name="consolidation_runs")
     trigger = models.CharField(max_length=10, choices=Trigger.choices)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     # The local date (team time zone) a nightly run is for; one nightly run per kin and night.
@@ -116,7 +116,7 @@ class ConsolidationRun(models.Model):
 class ExperienceVersion(models.Model):
     """One version of a kin's experience document; the highest version is current."""
 
-    kin = models.ForeignKey("sessions_app.Kin", on_delete=models.CASCADE, related_name="experience_versions")
+    kin = models.ForeignKey("kinsite.Kin", on_delete=models.CASCADE, related_name="experience_versions")
     version = models.PositiveIntegerField()
     markdown = models.TextField()
     word_count = models.PositiveIntegerField(default=0)

@@ -7,8 +7,7 @@ from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from kinsite.errors import NotFound
-from kinsite.models import Team
-from sessions_app.models import Kin
+from kinsite.models import Kin, Team
 
 PENDING = Q(status=Fact.Status.ACTIVE, is_consolidated=False)
 

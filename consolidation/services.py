@@ -31,6 +31,7 @@ from kinsite.errors import Conflict, InvalidInput
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.providers import strip_json_fence
 from kinsite.llm.types import LLMBadResponse
+from kinsite.models import Kin
 from kinsite.prompt_safety import guarded, one_line
 from kinsite.prompt_templates import (
     ResolvedTemplate,
@@ -43,7 +44,6 @@ from kinsite.prompt_templates import (
 from kinsite.tokencount import count_tokens
 from memories.models import Memory
 from memories.services import Actor, memory_supersede
-from sessions_app.models import Kin
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from django.views.decorators.http import require_POST
 
 from consolidation import selectors, services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from kinsite.selectors import kin_get
 from kinsite.views import team_required
-from sessions_app.selectors import kin_get
 
 RUNS_SHOWN = 20
 FACTS_PER_PAGE = 50

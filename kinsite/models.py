@@ -1,4 +1,4 @@
-"""Teams, memberships, API tokens and the LLM call log."""
+"""Teams, memberships, API tokens, kins, the LLM call log and prompt templates."""
 import zoneinfo
 
 from django.conf import settings
@@ -69,6 +69,39 @@ class ApiToken(models.Model):
         return self.revoked_at is None
 
 
+class Kin(models.Model):
+    """An AI agent of a team. Here, beside Team, so every app may depend on it."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="kins")
+    name = models.CharField(max_length=100)
+    role = models.CharField(max_length=200, blank=True)
+    character = models.TextField(blank=True)
+    expertise = models.TextField(blank=True)
+    # Empty: the gateway's default model (LLM_MODEL).
+    model = models.CharField(max_length=200, blank=True)
+    # Empty: HISTORY_TOKEN_BUDGET.
+    history_token_budget = models.PositiveIntegerField(null=True, blank=True)
+    # A sub-kin names the kin that spawned it and why.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    spawn_reason = models.TextField(blank=True)
+    # Per-kin overrides of settings such as INTROSPECTION (later issues read it).
+    overrides = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        # The table kept its name when the model moved here from sessions_app (issue 15).
+        db_table = "sessions_app_kin"
+        ordering = ["id"]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def effective_history_budget(self) -> int:
+        return self.history_token_budget or settings.HISTORY_TOKEN_BUDGET
+
+
 class LLMCall(models.Model):
     """One call to a model endpoint: an append-only audit row."""
 
@@ -77,7 +110,7 @@ class LLMCall(models.Model):
         ERROR = "error"
 
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    kin = models.ForeignKey("sessions_app.Kin", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    kin = models.ForeignKey(Kin, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     purpose = models.CharField(max_length=50)
     provider = models.CharField(max_length=30)
     model = models.CharField(max_length=200)
@@ -112,7 +145,7 @@ class PromptTemplate(models.Model):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="prompt_templates")
     # Empty: the team's template for every kin without its own.
     kin = models.ForeignKey(
-        "sessions_app.Kin", null=True, blank=True, on_delete=models.CASCADE, related_name="prompt_templates"
+        Kin, null=True, blank=True, on_delete=models.CASCADE, related_name="prompt_templates"
     )
     kind = models.CharField(max_length=16, choices=Kind.choices)
     name = models.CharField(max_length=100)

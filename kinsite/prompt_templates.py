@@ -14,16 +14,13 @@ import difflib
 import re
 import string
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from django.db import transaction
 from django.db.models import Q
 
 from kinsite.errors import InvalidInput
-from kinsite.models import PromptTemplate
-
-if TYPE_CHECKING:
-    from sessions_app.models import Kin
+from kinsite.models import Kin, PromptTemplate
 
 Kind = PromptTemplate.Kind
 
@@ -521,7 +518,7 @@ class ResolvedTemplate:
     template_id: int | None = None
 
 
-def template_resolve(*, kind: str, kin: "Kin", explicit_body: str | None = None) -> ResolvedTemplate:
+def template_resolve(*, kind: str, kin: Kin, explicit_body: str | None = None) -> ResolvedTemplate:
     """The template a job for `kin` uses: `explicit_body` (an API or command argument) →
     the kin's active template → its team's active template (no kin) → the built-in
     default. One query. The body is not validated here; template_render does that."""

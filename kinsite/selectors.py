@@ -1,5 +1,7 @@
-"""Reads for teams and tokens."""
-from kinsite.models import ApiToken, Membership, Team
+"""Reads for teams, tokens and kins, scoped to a team."""
+from django.shortcuts import get_object_or_404
+
+from kinsite.models import ApiToken, Kin, Membership, Team
 from kinsite.services import token_digest
 
 
@@ -23,3 +25,11 @@ def membership_role(*, team: Team, user) -> str | None:
 
 def api_token_list(*, team: Team):
     return ApiToken.objects.filter(team=team).select_related("user")
+
+
+def kin_list(*, team: Team):
+    return Kin.objects.filter(team=team)
+
+
+def kin_get(*, team: Team, kin_id: int) -> Kin:
+    return get_object_or_404(Kin, team=team, pk=kin_id)

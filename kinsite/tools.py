@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from kinsite.models import Team
+    from kinsite.models import Kin, Team
     from memories.services import Actor
-    from sessions_app.models import Kin
 
 
 @dataclass(frozen=True)

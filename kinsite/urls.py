@@ -1,12 +1,16 @@
 """Top-level URLs: the API under /api/v1/, /healthz, the admin, the dashboard."""
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 
 from kinsite.health import healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("api/v1/", include("kinsite.api.urls")),
+    # The kin admin moved with the model from sessions_app to kinsite (issue 15); old links lead there.
+    re_path(r"^admin/sessions_app/kin/(?P<rest>.*)$",
+            RedirectView.as_view(url="/admin/kinsite/kin/%(rest)s", query_string=True)),
     path("admin/", admin.site.urls),
     path("", include("kinsite.dashboard_urls")),
 ]

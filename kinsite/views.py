@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 from django.utils.cache import patch_vary_headers
 
 from kinsite.models import Membership
-from kinsite.selectors import api_token_list, membership_role, team_for_user
+from kinsite.selectors import api_token_list, kin_get, membership_role, team_for_user
 from kinsite.services import api_token_issue, api_token_revoke
 from sessions_app import selectors as sessions
 
@@ -78,7 +78,7 @@ def kin_list(request):
 
 @team_required
 def kin_detail(request, kin_id: int):
-    kin = sessions.kin_get(team=request.team, kin_id=kin_id)
+    kin = kin_get(team=request.team, kin_id=kin_id)
     chat_sessions = sessions.session_list_with_counts(team=request.team, kin=kin)
     return render(request, "dashboard/kin_detail.html", {"kin": kin, "chat_sessions": chat_sessions})
 

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 from kinsite.llm.gateway import llm_embed
 from kinsite.llm.providers import get_default_provider
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from memories import ranking
-from sessions_app.models import Kin
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ class Memory(models.Model):
 
     team = models.ForeignKey("kinsite.Team", on_delete=models.CASCADE, related_name="memories")
     # Empty: shared by every kin of the team.
-    kin = models.ForeignKey("sessions_app.Kin", null=True, blank=True, on_delete=models.CASCADE, related_name="memories")
+    kin = models.ForeignKey("kinsite.Kin", null=True, blank=True, on_delete=models.CASCADE, related_name="memories")
     category = models.CharField(max_length=12, choices=Category.choices, default=Category.FACT)
     content = models.TextField()
     subject = models.CharField(max_length=200, blank=True)

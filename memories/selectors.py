@@ -2,9 +2,8 @@
 memories.search."""
 from django.shortcuts import get_object_or_404
 
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from memories.models import Memory, MemoryChange
-from sessions_app.models import Kin
 
 
 def memory_list(*, team: Team, kin: Kin | None = None, include_shared: bool = True, category: str = "",

@@ -7,11 +7,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from memories.embeddings import Embedding, memory_embed
 from memories.models import Memory, MemoryChange
 from memories.search import MemoryHit, memory_find_duplicate
-from sessions_app.models import Kin
 
 # The fields a change row snapshots, and the ones callers may edit.
 SNAPSHOT_FIELDS = ("kin_id", "category", "content", "subject", "importance", "status", "superseded_by_id")

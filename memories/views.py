@@ -10,11 +10,11 @@ from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
+from kinsite.selectors import kin_get
 from kinsite.views import render_partial_or_page, team_required
 from memories import search, selectors, services
 from memories.api.serializers import MEMORY_CONTENT_MAX_CHARS
 from memories.models import Memory
-from sessions_app.selectors import kin_get
 
 MEMORIES_PER_PAGE = 50
 STATUS_ALL = "all"

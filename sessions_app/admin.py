@@ -5,8 +5,9 @@ from django.contrib import admin, messages
 from consolidation.models import ConsolidationRun
 from consolidation.services import ConsolidationBusy, NothingToConsolidate, consolidation_run
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
+from kinsite.models import Kin
 from sessions_app.introspection import IntrospectionDisabled, introspection_request
-from sessions_app.models import Event, IntrospectionRun, Kin, MessageCount, Session, Summary, Turn
+from sessions_app.models import Event, IntrospectionRun, MessageCount, Session, Summary, Turn
 from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, overrides_errors
 
 

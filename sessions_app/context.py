@@ -19,13 +19,13 @@ from django.utils import timezone
 
 from consolidation.selectors import experience_markdown_sql, experience_nested
 from kinsite.llm.types import Message, ToolCall
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from kinsite.prompt_safety import one_line
 from kinsite.rawsql import aware_datetime
 from kinsite.tokencount import count_tokens
 from memories.search import memory_search
 from sessions_app.history import HistoryItem, select_history
-from sessions_app.models import HISTORY_KINDS, Event, Kin, MessageCount, Session, Summary, Turn
+from sessions_app.models import HISTORY_KINDS, Event, MessageCount, Session, Summary, Turn
 from sessions_app.prompt import (
     NAME_MAX_CHARS,
     ConversationState,

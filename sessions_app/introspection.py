@@ -35,6 +35,7 @@ from consolidation.services import fact_record
 from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict
 from kinsite.llm.gateway import llm_chat
+from kinsite.models import Kin
 from kinsite.prompt_safety import one_line, quoted
 from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
 from kinsite.tokencount import count_tokens
@@ -48,7 +49,7 @@ from sessions_app.introspection_tools import (
     introspection_toolset,
     memory_write_apply,
 )
-from sessions_app.models import Event, IntrospectionRun, Kin, Session
+from sessions_app.models import Event, IntrospectionRun, Session
 from sessions_app.overrides import OVERRIDE_RULES
 
 logger = logging.getLogger(__name__)

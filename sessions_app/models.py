@@ -1,42 +1,13 @@
-"""Kins, their sessions, and each session's event store (messages, tool calls,
-commands, introspection and compaction markers)."""
-from django.conf import settings
+"""Kins' sessions and each session's event store (messages, tool calls, commands,
+introspection and compaction markers). The Kin model itself is kinsite's (kinsite.models),
+so every app may depend on it."""
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
 
-class Kin(models.Model):
-    team = models.ForeignKey("kinsite.Team", on_delete=models.CASCADE, related_name="kins")
-    name = models.CharField(max_length=100)
-    role = models.CharField(max_length=200, blank=True)
-    character = models.TextField(blank=True)
-    expertise = models.TextField(blank=True)
-    # Empty: the gateway's default model (LLM_MODEL).
-    model = models.CharField(max_length=200, blank=True)
-    # Empty: HISTORY_TOKEN_BUDGET.
-    history_token_budget = models.PositiveIntegerField(null=True, blank=True)
-    # A sub-kin names the kin that spawned it and why.
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
-    spawn_reason = models.TextField(blank=True)
-    # Per-kin overrides of settings such as INTROSPECTION (later issues read it).
-    overrides = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["id"]
-
-    def __str__(self):
-        return self.name
-
-    @property
-    def effective_history_budget(self) -> int:
-        return self.history_token_budget or settings.HISTORY_TOKEN_BUDGET
-
-
 class Session(models.Model):
-    kin = models.ForeignKey(Kin, on_delete=models.CASCADE, related_name="sessions")
+    kin = models.ForeignKey("kinsite.Kin", on_delete=models.CASCADE, related_name="sessions")
     title = models.CharField(max_length=200, blank=True)
     description = models.TextField(blank=True)
     working_memory = models.TextField(blank=True)

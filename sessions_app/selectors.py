@@ -1,21 +1,15 @@
-"""Reads for kins, sessions and the event store, all scoped to a team."""
+"""Reads for sessions and the event store, all scoped to a team (kin_get and kin_list are
+kinsite.selectors', beside the model)."""
 from django.db import connection
 from django.db.models import Count, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 
-from kinsite.models import Team
+from kinsite.models import Kin, Team
+from kinsite.selectors import kin_list
 from kinsite.softcache import soft_cache_get, soft_cache_set
 from kinsite.textsearch import fts5_match_expression, query_terms
-from sessions_app.models import Event, IntrospectionRun, Kin, Session
-
-
-def kin_list(*, team: Team):
-    return Kin.objects.filter(team=team)
-
-
-def kin_get(*, team: Team, kin_id: int) -> Kin:
-    return get_object_or_404(Kin, team=team, pk=kin_id)
+from sessions_app.models import Event, IntrospectionRun, Session
 
 
 def session_list(*, team: Team, kin: Kin | None = None):

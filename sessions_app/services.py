@@ -5,10 +5,10 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from kinsite.tokencount import count_tokens
 from sessions_app.compaction import latest_summary
-from sessions_app.models import Event, Kin, Session
+from sessions_app.models import Event, Session
 
 KIN_EDITABLE_FIELDS = (
     "name",

@@ -3,12 +3,11 @@ import factory
 from django.contrib.auth import get_user_model
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
-from kinsite.models import LLMCall, Membership, PromptTemplate, Team
+from kinsite.models import Kin, LLMCall, Membership, PromptTemplate, Team
 from kinsite.prompt_templates import template_default
 from kinsite.tokencount import count_tokens
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Event, IntrospectionRun, Session, Summary, Turn
-from sessions_app.models import Kin  # one line: Kin may move to kinsite.models
 from workflows.models import Edge, Node, NodeResult, NodeRun, Workflow, WorkflowRun
 
 

@@ -29,7 +29,7 @@ from kinsite.api.errors import error_body
 from kinsite.api.pagination import DefaultCursorPagination
 from kinsite.api.throttles import TokenRateThrottle
 from kinsite.errors import NotFound
-from sessions_app.selectors import kin_get
+from kinsite.selectors import kin_get
 
 
 class NewestFirstCursorPagination(DefaultCursorPagination):

@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kinsite.llm.providers import LLMProvider, get_default_provider
 from kinsite.llm.types import ChatResult, Message
-from kinsite.models import LLMCall, Team
-
-if TYPE_CHECKING:
-    from sessions_app.models import Kin
+from kinsite.models import Kin, LLMCall, Team
 
 
 def llm_chat(

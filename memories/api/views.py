@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
 from kinsite.errors import Conflict
+from kinsite.selectors import kin_get
 from memories import search, selectors, services
 from memories.api.serializers import (
     LIST_STATUS_ALL,
@@ -23,7 +24,6 @@ from memories.api.serializers import (
     MemoryUpdateSerializer,
 )
 from memories.models import Memory, MemoryChange
-from sessions_app.selectors import kin_get
 
 
 class NewestFirstCursorPagination(DefaultCursorPagination):

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from kinsite.textsearch import query_terms
 from memories import ranking
 from memories.embeddings import Embedding, memory_embed
@@ -20,7 +20,6 @@ from memories.models import Memory
 from memories.search import postgres, sqlite, vectors
 from memories.search.candidates import TextMatch, memory_from_row, scope_sql
 from memories.selectors import memory_list
-from sessions_app.models import Kin
 
 
 @dataclass

@@ -6,10 +6,9 @@ from typing import NamedTuple
 from django.db import connection
 from django.db.models import DateTimeField
 
-from kinsite.models import Team
+from kinsite.models import Kin, Team
 from kinsite.rawsql import aware_datetime
 from memories.models import Memory
-from sessions_app.models import Kin
 
 # A match in the subject counts half a match in the content (the tsvector weights it B,
 # FTS5 gets the column weight); matching the subject is rewarded again by ranking.

@@ -2,9 +2,10 @@
 from django.conf import settings
 from rest_framework import serializers
 
+from kinsite.models import Kin
 from kinsite.prompt_safety import one_line_problem
 
-from sessions_app.models import Event, IntrospectionRun, Kin, Session, Turn
+from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, overrides_errors
 from workflows.models import Workflow
 

@@ -9,9 +9,11 @@ from rest_framework.views import APIView
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
 from kinsite.api.throttles import TokenRateThrottle
+from kinsite.models import Kin
+from kinsite.selectors import kin_get, kin_list
 from sessions_app import introspection, selectors, services, turns
 from sessions_app.context import PENDING_MESSAGE_ID, prompt_assemble
-from sessions_app.models import Event, IntrospectionRun, Kin, Session, Turn
+from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.tools import kin_toolset
 from sessions_app.api.serializers import (
     IntrospectionRunSerializer,
@@ -49,7 +51,7 @@ class KinViewSet(viewsets.ModelViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Kin.objects.none()
-        return selectors.kin_list(team=request_team(self.request))
+        return kin_list(team=request_team(self.request))
 
     def get_serializer(self, *args, **kwargs):
         if getattr(self, "swagger_fake_view", False):
@@ -69,7 +71,7 @@ class KinViewSet(viewsets.ModelViewSet):
 class KinSessionCreateView(APIView):
     @extend_schema(request=SessionSerializer, responses={201: SessionSerializer})
     def post(self, request, kin_id):
-        kin = selectors.kin_get(team=request_team(request), kin_id=kin_id)
+        kin = kin_get(team=request_team(request), kin_id=kin_id)
         serializer = SessionSerializer(data=request.data, team=kin.team)
         serializer.is_valid(raise_exception=True)
         session = services.session_create(kin=kin, **serializer.validated_data)
@@ -225,7 +227,7 @@ class SessionHistorySearchView(_HistorySearchView):
 class KinHistorySearchView(_HistorySearchView):
     @extend_schema(parameters=SEARCH_PARAMETERS, responses={200: HISTORY_SEARCH_RESULTS})
     def get(self, request, kin_id):
-        kin = selectors.kin_get(team=request_team(request), kin_id=kin_id)
+        kin = kin_get(team=request_team(request), kin_id=kin_id)
         return self.search(request, kin=kin)
 
 

@@ -90,7 +90,7 @@ def test_consolidate_now_action_runs_a_consolidation_per_selected_kin(staff_clie
 
     with provider_override(ScriptedProvider([answer(processed=[pending.pk])])):
         response = staff_client.post(
-            reverse("admin:sessions_app_kin_changelist"),
+            reverse("admin:kinsite_kin_changelist"),
             {"action": "consolidate_now", "_selected_action": [kin.pk]},
             follow=True,
         )
@@ -106,7 +106,7 @@ def test_consolidate_now_action_reports_a_failed_run(staff_client, kin):
 
     with provider_override(ScriptedProvider([LLMError("The endpoint is down.")])):
         response = staff_client.post(
-            reverse("admin:sessions_app_kin_changelist"),
+            reverse("admin:kinsite_kin_changelist"),
             {"action": "consolidate_now", "_selected_action": [kin.pk]},
             follow=True,
         )
@@ -120,7 +120,7 @@ def test_consolidate_now_action_reports_a_failed_run(staff_client, kin):
 def test_consolidate_now_action_without_pending_facts_says_so(staff_client, kin):
     with provider_override(ScriptedProvider([])):  # any model call would fail the test
         response = staff_client.post(
-            reverse("admin:sessions_app_kin_changelist"),
+            reverse("admin:kinsite_kin_changelist"),
             {"action": "consolidate_now", "_selected_action": [kin.pk]},
             follow=True,
         )

@@ -91,3 +91,14 @@ def test_session_page_shows_its_message_counts_read_only(staff_client, chat_sess
     assert "Ana Counted" in page and "Slack" in page
     assert 'name="message_counts-0-message_count"' not in page  # shown, not editable
     assert staff_client.get(reverse("admin:sessions_app_messagecount_add")).status_code == 403
+
+
+def test_the_kin_admin_lives_under_kinsite_and_its_old_addresses_redirect_there(staff_client, kin):
+    """Kin moved from sessions_app to kinsite (issue 15), and its admin pages with it."""
+    change = reverse("admin:kinsite_kin_change", args=[kin.pk])
+    assert change == f"/admin/kinsite/kin/{kin.pk}/change/"
+    assert staff_client.get(change).status_code == 200
+    response = staff_client.get(f"/admin/sessions_app/kin/{kin.pk}/change/")
+    assert (response.status_code, response["Location"]) == (302, change)
+    response = staff_client.get("/admin/sessions_app/kin/?q=Ada")
+    assert (response.status_code, response["Location"]) == (302, "/admin/kinsite/kin/?q=Ada")

@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.urls import reverse
 
-from sessions_app.models import Kin
+from kinsite.models import Kin
 from tests.factories import KinFactory, MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db

@@ -13,8 +13,9 @@ from rest_framework.test import APIClient
 
 from kinsite.services import api_token_issue, api_token_revoke
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from kinsite.models import Kin
 from memories.models import Memory, MemoryChange
-from sessions_app.models import Event, Kin, Session, Turn
+from sessions_app.models import Event, Session, Turn
 from workflows.models import Node, NodeRun, Workflow
 from tests.factories import (
     ConsolidationRunFactory,

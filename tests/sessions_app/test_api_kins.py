@@ -1,7 +1,8 @@
 """The kins API (create, list, patch, delete, validation) and session create/get."""
 import pytest
 
-from sessions_app.models import Kin, Session
+from kinsite.models import Kin
+from sessions_app.models import Session
 from tests.factories import KinFactory, MessageFactory, SessionFactory
 from tests.sessions_app.test_api_access import assert_api_error
 

@@ -5,7 +5,7 @@ and the allowed range, and store nothing."""
 import pytest
 from django.urls import reverse
 
-from sessions_app.models import Kin
+from kinsite.models import Kin
 from tests.factories import UserFactory
 from tests.sessions_app.test_api_access import assert_api_error
 
@@ -82,7 +82,7 @@ def admin_form(kin, **changes):
 ], ids=["max_tool_calls", "idle_timeout", "budget-high", "budget-low"])
 def test_the_admin_refuses_out_of_range_kin_settings(client, kin, changes, field, allowed):
     client.force_login(UserFactory(is_staff=True, is_superuser=True))
-    response = client.post(reverse("admin:sessions_app_kin_change", args=[kin.pk]), admin_form(kin, **changes))
+    response = client.post(reverse("admin:kinsite_kin_change", args=[kin.pk]), admin_form(kin, **changes))
 
     assert response.status_code == 200  # the form again, with its errors
     errors = response.context["adminform"].form.errors
@@ -94,7 +94,7 @@ def test_the_admin_refuses_out_of_range_kin_settings(client, kin, changes, field
 @pytest.mark.django_db
 def test_the_admin_saves_overrides_in_range(client, kin):
     client.force_login(UserFactory(is_staff=True, is_superuser=True))
-    response = client.post(reverse("admin:sessions_app_kin_change", args=[kin.pk]),
+    response = client.post(reverse("admin:kinsite_kin_change", args=[kin.pk]),
                            admin_form(kin, overrides='{"introspection": {"turn_interval": 3}}',
                                       history_token_budget="20000"))
 

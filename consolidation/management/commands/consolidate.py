@@ -11,8 +11,8 @@ from django.core.management.base import BaseCommand, CommandError
 from consolidation.models import ConsolidationRun
 from consolidation.services import NothingToConsolidate, consolidation_run
 from kinsite.errors import KinsiteError
+from kinsite.models import Kin
 from kinsite.prompt_templates import TemplateError
-from sessions_app.models import Kin
 
 STDERR_SHOWN_CHARS = 500
 
