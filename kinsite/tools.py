@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from kinsite.actors import Actor
+
 if TYPE_CHECKING:
     from kinsite.models import Kin, Team
-    from memories.services import Actor
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from kinsite.actors import Actor  # re-exported: memories.services.Actor is what callers import
 from kinsite.models import Kin, Team
 from memories.embeddings import Embedding, memory_embed
 from memories.models import Memory, MemoryChange
@@ -15,15 +16,6 @@ from memories.search import MemoryHit, memory_find_duplicate
 # The fields a change row snapshots, and the ones callers may edit.
 SNAPSHOT_FIELDS = ("kin_id", "category", "content", "subject", "importance", "status", "superseded_by_id")
 EDITABLE_FIELDS = ("category", "content", "subject", "importance")
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who writes: `label` is kept as text on the change row ("user:maria",
-    "token:ks_ab12cd", "introspection_run:12"); `user` is linked when there is one."""
-
-    label: str
-    user: object = None
 
 
 @dataclass(frozen=True)

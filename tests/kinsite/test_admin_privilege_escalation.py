@@ -83,7 +83,7 @@ def test_staff_cannot_make_themselves_superuser(client, staff, other_team):
                 change_form_data(client, staff, is_superuser=True))
     staff.refresh_from_db()
     assert not staff.is_superuser, "a staff user who is not a superuser made themselves a superuser"
-    listed = {kin.pk for kin in client.get(reverse("admin:sessions_app_kin_changelist")).context["cl"].queryset}
+    listed = {kin.pk for kin in client.get(reverse("admin:kinsite_kin_changelist")).context["cl"].queryset}
     assert secret.pk not in listed
     assert Kin.objects.filter(pk=secret.pk).exists()
 
