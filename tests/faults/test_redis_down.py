@@ -145,7 +145,7 @@ def test_async_posts_while_redis_is_down_are_kept_and_answered_once_when_it_is_b
     turn B (details.stored true) and asking not to post it again; polling turn B answers
     200 `pending`. After it, 202 again (turn C), and in the end all three turns `done`.
     Stored: each message and its pending turn as posted; A's queued task is lost with
-    Redis's data. Runs again: the sweep (beat's requeue-pending-turns) queues A and B, whose
+    Redis's data. Runs again: the sweep (beat's requeue-pending-jobs) queues A and B, whose
     queued-marker went with Redis or was never set, and leaves C, queued normally; a worker
     answers each turn exactly once."""
     first = post(api_client, chat_session, "Message A", is_async=True)
