@@ -34,6 +34,8 @@ LOCK_KEY = "kinsite:compaction:session:{session_id}"
 COMPACTION_MAX_ATTEMPTS = 3
 # Past Celery's hard time limit (which ends any task, and the lock with it), plus a margin.
 STALLED_MARGIN = timedelta(minutes=1)
+# A pending run older than this is sent again when a request finds it (as introspection's).
+STALE_PENDING = timedelta(minutes=10)
 
 # A stored sender's length (Event.sender); longer names are cut when shown.
 SENDER_MAX_CHARS = 200
@@ -365,6 +367,10 @@ def compaction_request(*, session: Session) -> CompactionRun:
     if run is None:
         # Two racing requests may both create one: harmless, the second finds nothing to do.
         run = CompactionRun.objects.create(session=session)
+        job_send_on_commit(COMPACTION_JOBS, run.pk)
+    elif run.created_at < timezone.now() - STALE_PENDING:
+        # Its task may be lost, and the embedded mode (eager Celery) has no beat to run the
+        # requeue sweep; a second delivery is a no-op if it is not.
         job_send_on_commit(COMPACTION_JOBS, run.pk)
     return run
 

@@ -139,7 +139,8 @@ def introspection_request(*, session: Session, trigger: str) -> IntrospectionRun
         run = IntrospectionRun.objects.filter(session=session, status=Status.PENDING).order_by("id").first()
         if run is not None:
             if run.created_at < timezone.now() - STALE_PENDING:
-                # Its task may be lost (a broker restart); a second delivery is a no-op if it is not.
+                # Its task may be lost, and the embedded mode (eager Celery) has no beat to run
+                # introspection_requeue; a second delivery is a no-op if it is not.
                 job_send_on_commit(INTROSPECTION_JOBS, run.pk)
             return run
         run = IntrospectionRun.objects.create(session=session, trigger=trigger)

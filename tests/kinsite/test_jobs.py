@@ -146,6 +146,19 @@ def test_a_lost_compaction_task_is_sent_again_and_a_redelivered_one_does_nothing
     assert jobs_requeue(COMPACTION_JOBS) == []
 
 
+def test_a_request_that_finds_a_stale_pending_compaction_sends_it_again(long_session, model,
+                                                                       django_capture_on_commit_callbacks):
+    """Without beat (the embedded mode) nothing else would: later requests return the pending run."""
+    run = compaction_request(session=long_session)  # its send never happened
+    age(CompactionRun.objects.filter(pk=run.pk), "created_at", timedelta(minutes=11))
+    model.add(FIRST_SUMMARY)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert compaction_request(session=long_session) == run
+
+    run.refresh_from_db()
+    assert run.status == "done" and run.summary.content == FIRST_SUMMARY
+
+
 def test_a_turn_past_the_threshold_requests_a_compaction_run_after_commit(long_session, model,
                                                                          django_capture_on_commit_callbacks):
     model.add("Noted.", FIRST_SUMMARY)
