@@ -39,8 +39,9 @@ from kinsite.errors import ServiceUnavailable
 logger = logging.getLogger(__name__)
 
 PENDING, RUNNING, FAILED = "pending", "running", "failed"
-# Set when a job's task is sent; a pending job without it has no task in the queue. The
-# key of a turn is "kinsite:turn-queued:<id>", as before this module existed.
+# Set when a job's task is sent; a pending job without it has no task in the queue. A
+# turn's is "kinsite:turn-queued:<id>", the key the turns used on their own, so markers set
+# before a deploy still count.
 QUEUED_KEY = "kinsite:{kind}-queued:{job_id}"
 # What the sweeps give up on when Redis (the broker, the cache, a domain's lock) does not
 # answer; beat runs them again a minute later. A domain's lock that cannot reach Redis
