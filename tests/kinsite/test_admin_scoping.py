@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from kinsite.admin_mixins import team_path
 from kinsite.models import LLMCall, PromptTemplate
-from sessions_app.models import IntrospectionRun, Summary
+from sessions_app.models import CompactionRun, IntrospectionRun, Summary
 from tests.abuse.support import seed_team
 from tests.factories import MembershipFactory, MessageFactory, UserFactory
 from workflows.models import NodeResult, NodeRun, WorkflowRun
@@ -35,6 +35,7 @@ def seed_everything(team, *, secret, user):
     Summary.objects.create(session=seeded.session, content=f"Summary {secret}", first_event=first, last_event=last,
                            first_at=now - timedelta(minutes=1), last_at=now, message_count=2)
     IntrospectionRun.objects.create(session=seeded.session, trigger=IntrospectionRun.Trigger.MANUAL)
+    CompactionRun.objects.create(session=seeded.session)
     LLMCall.objects.create(team=team, kin=seeded.kin, purpose="kin_turn", provider="scripted", model=secret,
                            status="ok")
     PromptTemplate.objects.create(team=team, kin=seeded.kin, kind="consolidation", name=f"Template {secret}",
