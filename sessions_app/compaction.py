@@ -387,11 +387,12 @@ def compaction_run(*, run_id: int, last_try: bool = True) -> CompactionRun | Non
     try:
         summary = session_compact(session=run.session)
     except LLMError as exc:
+        error = f"{type(exc).__name__}: {exc}"[:2000]
         if last_try:
-            _run_close(run, status=CompactionRun.Status.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000])
+            _run_close(run, status=CompactionRun.Status.FAILED, error=error)
         else:
             CompactionRun.objects.filter(pk=run.pk, status=CompactionRun.Status.RUNNING).update(
-                status=CompactionRun.Status.PENDING, started_at=None, error=f"{type(exc).__name__}: {exc}"[:2000]
+                status=CompactionRun.Status.PENDING, started_at=None, error=error
             )
         raise
     except Exception as exc:
