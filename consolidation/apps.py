@@ -3,3 +3,11 @@ from django.apps import AppConfig
 
 class ConsolidationConfig(AppConfig):
     name = "consolidation"
+
+    def ready(self):
+        # Requested consolidation runs: kinsite.jobs' sweeps send again a lost task and fail
+        # a run left running.
+        from consolidation.services import CONSOLIDATION_JOBS
+        from kinsite.jobs import job_kinds_register
+
+        job_kinds_register(CONSOLIDATION_JOBS)

@@ -99,10 +99,18 @@ class ConsolidationRun(models.Model):
     duration_ms = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When it was claimed (a requested run) or began (a run made at once): how long it has
+    # been running, for the stalled sweep (kinsite.jobs).
+    started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [
+            # The sweeps (every minute) read only pending runs, and running runs oldest start first.
+            models.Index(fields=["id"], condition=Q(status="pending"), name="consolidation_run_pending"),
+            models.Index(fields=["started_at"], condition=Q(status="running"), name="consolidation_run_running"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["kin", "night"], condition=Q(trigger="nightly"), name="consolidation_one_nightly_per_kin"

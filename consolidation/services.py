@@ -2,8 +2,9 @@
 consolidation_run() folds a kin's pending facts into a new version of its experience
 document: template → prompt → model → validation in code (one corrective retry) → one
 transaction (consolidation_apply). consolidation_request() queues a run for a worker
-(consolidation_run_requested() claims and runs it); consolidation_nightly() is the beat's
-entry point. A kin without pending facts is not consolidated: there is nothing to fold in.
+(consolidation_run_requested() claims and runs it; kinsite.jobs' sweeps send again a run
+whose task was lost and fail one left running: CONSOLIDATION_JOBS); consolidation_nightly()
+is the beat's entry point. A kin without pending facts is not consolidated: there is nothing to fold in.
 
 Whatever happens, the ConsolidationRun row records it. A model or apply failure is not
 raised to the caller: it is recorded on the run (status failed, error) and nothing else
@@ -28,6 +29,7 @@ from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from consolidation.selectors import PENDING, experience_current
 from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict, InvalidInput
+from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.providers import strip_json_fence
 from kinsite.llm.types import LLMBadResponse
@@ -434,14 +436,9 @@ def consolidation_request(*, kin: Kin, trigger: str, max_words: int | None = Non
     for callers that do not wait for the model."""
     run = ConsolidationRun.objects.create(kin=kin, trigger=trigger, status=Status.PENDING,
                                           max_words=max_words or settings.CONSOLIDATION_MAX_WORDS)
-    transaction.on_commit(lambda: _task_send(run.pk))
+    # The broker down: the commit raises and the run waits for the requeue sweep (kinsite.jobs).
+    job_send_on_commit(CONSOLIDATION_JOBS, run.pk)
     return run
-
-
-def _task_send(run_id: int) -> None:
-    from consolidation.tasks import consolidate_kin_task  # tasks import this module
-
-    consolidate_kin_task.delay(run_id)
 
 
 def consolidation_run_requested(*, run_id: int) -> ConsolidationRun | None:
@@ -467,8 +464,8 @@ def consolidation_run_requested(*, run_id: int) -> ConsolidationRun | None:
             _interrupt_stale_runs(kin=kin, now=now)
             # The claim: of two deliveries of the task (acks_late redelivery, a retry) one
             # matches pending and runs; the other finds the run claimed and does nothing.
-            claimed = ConsolidationRun.objects.filter(pk=run.pk, status=Status.PENDING).update(
-                status=Status.RUNNING, template_source=snapshot.template.source,
+            claimed = job_claim(
+                CONSOLIDATION_JOBS, run.pk, now=now, template_source=snapshot.template.source,
                 template_id=snapshot.template.template_id, rendered_prompt=snapshot.prompt,
             )
         if not claimed:
@@ -490,11 +487,37 @@ def _busy(kin: Kin) -> ConsolidationBusy:
     return ConsolidationBusy(f"Kin {kin.pk} is being consolidated by another run.", details={"kin": kin.pk})
 
 
+INTERRUPTED = "Interrupted: the worker running it stopped before it finished."
+# Past Celery's hard time limit (which ends any task, and the kin's lock with it), plus a margin.
+STALLED_MARGIN = timedelta(minutes=1)
+
+
 def _interrupt_stale_runs(*, kin: Kin, now: datetime) -> None:
     # Called holding the kin's lock: a run still marked running belongs to a worker that died.
+    # (The stalled sweep fails it too, once past the time limit, if no run of the kin comes first.)
     ConsolidationRun.objects.filter(kin=kin, status=Status.RUNNING).update(
-        status=Status.FAILED, finished_at=now, error="Interrupted: the worker running it stopped before it finished.",
+        status=Status.FAILED, finished_at=now, error=INTERRUPTED,
     )
+
+
+def consolidation_stalled_after() -> timedelta:
+    """How long a run may be running before the stalled sweep looks at it: Celery's hard
+    time limit plus STALLED_MARGIN (7 minutes by default)."""
+    return timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT) + STALLED_MARGIN
+
+
+def _stalled_run_error(run: ConsolidationRun) -> str:
+    """A stalled run, its kin's lock free, is failed: it applied nothing (consolidation_apply
+    is one transaction), and its facts stay pending for the next night or request."""
+    return f"{INTERRUPTED} Nothing was applied; its facts stay pending for the next run."
+
+
+CONSOLIDATION_JOBS = JobKind(
+    name="consolidation", label="consolidation runs", model="consolidation.ConsolidationRun",
+    task="consolidation.tasks.consolidate_kin_task", stalled_after=consolidation_stalled_after,
+    free=lambda run: cache_key_free(LOCK_KEY.format(kin_id=run.kin_id)), give_up=_stalled_run_error,
+    reads=("kin_id",),
+)
 
 
 def _execute(*, run: ConsolidationRun, kin: Kin, snapshot: _Snapshot, llm: PromptAnswerer | None,
@@ -524,7 +547,7 @@ def _start(*, kin: Kin, trigger: str, night: date | None, snapshot: _Snapshot, m
         with transaction.atomic():
             _interrupt_stale_runs(kin=kin, now=now)
             return ConsolidationRun.objects.create(
-                kin=kin, trigger=trigger, status=Status.RUNNING, night=night,
+                kin=kin, trigger=trigger, status=Status.RUNNING, night=night, started_at=now,
                 template_source=snapshot.template.source, template_id=snapshot.template.template_id,
                 max_words=max_words, rendered_prompt=snapshot.prompt,
             )

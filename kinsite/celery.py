@@ -25,31 +25,23 @@ app.conf.beat_schedule = {
         "task": "sessions_app.tasks.scan_idle_sessions_task",
         "schedule": crontab(),
     },
-    # Every minute: queue again the async chat turns left pending without a task, those
-    # posted while Redis was down (the API answered 503 and kept them) or lost with Redis's
-    # data in a restart, so they run once the broker is back (SPEC §13: nothing is lost).
-    "requeue-pending-turns": {
-        "task": "sessions_app.turn_tasks.requeue_pending_turns_task",
+    # Every minute, for every kind of job (kinsite.jobs: chat turns, introspection, compaction
+    # and consolidation runs): send again the pending jobs without a queued task, those
+    # requested while Redis was down (the API answered 503 and kept them) or whose task was
+    # lost with Redis's data in a restart, so they run once the broker is back (SPEC §13:
+    # nothing is lost).
+    "requeue-pending-jobs": {
+        "task": "kinsite.tasks.requeue_jobs_task",
         "schedule": crontab(),
     },
-    # Every minute: take over the chat turns left running by a process that stopped (a web
-    # process during a sync turn, a worker during an async one, or an async turn's task lost
-    # with Redis), once their session lock's lease has run out: the turn, sync or async, is
-    # queued again and answered once; after three starts it is failed, its message kept.
-    "recover-stalled-turns": {
-        "task": "sessions_app.turn_tasks.recover_stalled_turns_task",
-        "schedule": crontab(),
-    },
-    # Every minute: the same two sweeps for introspection runs. Send again the pending runs
-    # whose task never reached the broker or was lost with it...
-    "requeue-pending-introspections": {
-        "task": "sessions_app.tasks.requeue_pending_introspections_task",
-        "schedule": crontab(),
-    },
-    # ...and fail the runs left running past Celery's hard time limit by a worker that
-    # stopped; they applied nothing, so the idle scan introspects the same events again.
-    "recover-stalled-introspections": {
-        "task": "sessions_app.tasks.recover_stalled_introspections_task",
+    # Every minute, for every kind of job: take over the jobs left running by a process that
+    # stopped (a web process during a sync turn, a worker, or a task lost with Redis), once
+    # nobody holds their lock; each domain decides. A turn or a compaction is queued again
+    # (after three starts it is failed, a turn's message kept); an introspection or
+    # consolidation run is failed (it applied nothing; the idle scan, the next night or
+    # request runs it again).
+    "recover-stalled-jobs": {
+        "task": "kinsite.tasks.recover_stalled_jobs_task",
         "schedule": crontab(),
     },
     # Every 15 minutes: the nightly consolidation. Teams live in different time zones, so

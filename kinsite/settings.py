@@ -150,7 +150,7 @@ CELERY_TASK_IGNORE_RESULT = True
 # Publishing a task: a short connect timeout and two quick retries (under a second when
 # Redis refuses connections, about 7 s when it does not answer at all), then the caller gets
 # an error the API answers as 503; an async chat turn stays stored as pending, and beat's
-# requeue-pending-turns sends it again once Redis is back.
+# requeue-pending-jobs (kinsite.jobs) sends it again once Redis is back.
 CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_CONNECT_TIMEOUT_SECONDS
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
 # Workers wait for Redis at start and reconnect for ever after losing it (Celery's defaults
@@ -166,7 +166,7 @@ CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 # delivered again. Kinsite's tasks store their outcome in PostgreSQL and are idempotent: a
 # turn finishes and stores its reply while Redis is away, and a copy that Redis (if it kept
 # its data) delivers again finds the turn done. A cancelled turn would instead wait for
-# recover-stalled-turns (one session-lock lease, 5¼ min) and call the model again.
+# recover-stalled-jobs (one session-lock lease, 5¼ min) and call the model again.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # A task a worker took but never acknowledged (acks_late: the worker died running it) is

@@ -7,7 +7,7 @@ from consolidation.services import ConsolidationBusy, NothingToConsolidate, cons
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from kinsite.models import Kin
 from sessions_app.introspection import IntrospectionDisabled, introspection_request
-from sessions_app.models import Event, IntrospectionRun, MessageCount, Session, Summary, Turn
+from sessions_app.models import CompactionRun, Event, IntrospectionRun, MessageCount, Session, Summary, Turn
 from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, overrides_errors
 
 
@@ -135,6 +135,14 @@ class SummaryAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "session", "message_count", "first_at", "last_at", "token_count", "created_at"]
     search_fields = ["content"]
     list_select_related = ["session"]
+
+
+@admin.register(CompactionRun)
+class CompactionRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["id", "session", "status", "attempts", "summary", "created_at", "finished_at"]
+    list_filter = ["status"]
+    search_fields = ["error"]
+    list_select_related = ["session", "summary"]
 
 
 @admin.register(IntrospectionRun)

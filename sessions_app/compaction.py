@@ -1,28 +1,41 @@
 """Compaction (SPEC §5): fold a session's older history into a structured summary once
 it outgrows its share of the kin's history budget. Raw events are never changed; the
-newest Summary of a session marks the boundary the prompt builder reads from."""
+newest Summary of a session marks the boundary the prompt builder reads from.
+
+A compaction is requested as a CompactionRun (compaction_request) whose task claims it
+(compaction_run), so kinsite.jobs' sweeps send again a run whose task was lost and run
+again one left running by a worker that stopped (COMPACTION_JOBS)."""
 import json
 import logging
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, QuerySet, Sum
+from django.utils import timezone
 
 from kinsite.cachelock import cache_lock
+from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit
 from kinsite.llm.gateway import llm_chat
-from kinsite.llm.types import LLMBadResponse
+from kinsite.llm.types import LLMBadResponse, LLMError
 from kinsite.models import PromptTemplate
 from kinsite.prompt_safety import continued, one_line, quoted
 from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
 from kinsite.tokencount import count_tokens
 from sessions_app.history import HistoryItem
-from sessions_app.models import HISTORY_KINDS, Event, Session, Summary
+from sessions_app.models import HISTORY_KINDS, CompactionRun, Event, Session, Summary
 
 logger = logging.getLogger(__name__)
 
 LOCK_KEY = "kinsite:compaction:session:{session_id}"
+# A run whose worker stopped this many times is failed rather than started again for ever;
+# the next turn over the threshold requests a new one.
+COMPACTION_MAX_ATTEMPTS = 3
+# Past Celery's hard time limit (which ends any task, and the lock with it), plus a margin.
+STALLED_MARGIN = timedelta(minutes=1)
+# A pending run older than this is sent again when a request finds it (as introspection's).
+STALE_PENDING = timedelta(minutes=10)
 
 # A stored sender's length (Event.sender); longer names are cut when shown.
 SENDER_MAX_CHARS = 200
@@ -341,3 +354,81 @@ def session_compact(*, session: Session) -> Summary | None:
                 previous=previous,
                 seen_through_id=seen_through,
             )
+
+
+# --- the run: requested, claimed, swept ------------------------------------------------------
+
+
+def compaction_request(*, session: Session) -> CompactionRun:
+    """A pending compaction of `session`, its task sent after commit; the session's pending
+    run if it has one (one run covers the history up to when it starts). The broker down:
+    the commit raises kombu's OperationalError and the run waits for the requeue sweep."""
+    run = CompactionRun.objects.filter(session=session, status=CompactionRun.Status.PENDING).first()
+    if run is None:
+        # Two racing requests may both create one: harmless, the second finds nothing to do.
+        run = CompactionRun.objects.create(session=session)
+        job_send_on_commit(COMPACTION_JOBS, run.pk)
+    elif run.created_at < timezone.now() - STALE_PENDING:
+        # Its task may be lost, and the embedded mode (eager Celery) has no beat to run the
+        # requeue sweep; a second delivery is a no-op if it is not.
+        job_send_on_commit(COMPACTION_JOBS, run.pk)
+    return run
+
+
+def compaction_run(*, run_id: int, last_try: bool = True) -> CompactionRun | None:
+    """The task of a requested compaction: claim the run and compact its session
+    (session_compact); the run, None when it is gone. Idempotent: a run that is not
+    pending (claimed by an earlier delivery of its task, or done) is returned untouched.
+    A model failure is raised for Celery to retry: the run goes back to pending for the
+    retry to claim, or, on the `last_try`, is failed."""
+    run = CompactionRun.objects.select_related("session__kin__team").filter(pk=run_id).first()
+    if run is None or not job_claim(COMPACTION_JOBS, run.pk):
+        return run
+    try:
+        summary = session_compact(session=run.session)
+    except LLMError as exc:
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        if last_try:
+            _run_close(run, status=CompactionRun.Status.FAILED, error=error)
+        else:
+            CompactionRun.objects.filter(pk=run.pk, status=CompactionRun.Status.RUNNING).update(
+                status=CompactionRun.Status.PENDING, started_at=None, error=error
+            )
+        raise
+    except Exception as exc:
+        _run_close(run, status=CompactionRun.Status.FAILED, error=f"Internal error: {type(exc).__name__}: {exc}"[:2000])
+        raise
+    _run_close(run, status=CompactionRun.Status.DONE, summary=summary)
+    return run
+
+
+def _run_close(run: CompactionRun, *, status: str, summary: Summary | None = None, error: str = "") -> None:
+    run.status, run.summary, run.error, run.finished_at = status, summary, error, timezone.now()
+    CompactionRun.objects.filter(pk=run.pk, status=CompactionRun.Status.RUNNING).update(
+        status=run.status, summary=run.summary, error=run.error, finished_at=run.finished_at
+    )
+
+
+def compaction_stalled_after() -> timedelta:
+    """How long a run may be running before the stalled sweep looks at it: Celery's hard
+    time limit, which ends any task (its session's compaction lock expires with it), plus
+    STALLED_MARGIN."""
+    return timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT) + STALLED_MARGIN
+
+
+def _stalled_run_error(run: CompactionRun) -> str | None:
+    """A stalled run, its lock free, runs again: it wrote nothing (a summary is written
+    with the run's last step, and checked against a newer one), unless it started
+    COMPACTION_MAX_ATTEMPTS times."""
+    if run.attempts < COMPACTION_MAX_ATTEMPTS:
+        return None
+    return (f"Interrupted: the worker running it stopped before it finished, {run.attempts} times, so it is not "
+            f"run again. Nothing was written; the next turn over the threshold requests a new compaction.")
+
+
+COMPACTION_JOBS = JobKind(
+    name="compaction", label="compaction runs", model="sessions_app.CompactionRun",
+    task="sessions_app.tasks.compact_session_task", stalled_after=compaction_stalled_after,
+    free=lambda run: cache_key_free(LOCK_KEY.format(session_id=run.session_id)), give_up=_stalled_run_error,
+    reads=("session_id", "attempts"), counts_attempts=True,
+)

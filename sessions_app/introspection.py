@@ -12,7 +12,9 @@ run holding it, backed by the database's partial unique constraint on running ru
 
 Two sweeps (beat, every minute) keep runs from waiting for ever: `introspection_requeue`
 sends again the pending runs whose task never reached the broker or was lost with it, and
-`introspection_recover_stalled` fails the runs left running by a worker that stopped."""
+`introspection_recover_stalled` fails the runs left running by a worker that stopped. Both
+are kinsite.jobs' (INTROSPECTION_JOBS); this module decides only that a stalled run, its
+lock free, is failed."""
 from __future__ import annotations
 
 import json
@@ -23,17 +25,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
-from kombu.exceptions import OperationalError as BrokerUnreachable
-from redis.exceptions import RedisError
 
 from consolidation.services import fact_record
 from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict
+from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit, jobs_recover_stalled, jobs_requeue
 from kinsite.llm.gateway import llm_chat
 from kinsite.models import Kin
 from kinsite.prompt_safety import one_line, quoted
@@ -66,17 +66,9 @@ SUMMARY_NOTE_MAX_CHARS = 500
 NOTHING_WORTH_STORING = "Nothing worth storing."
 # A pending run older than this is enqueued again when reused: its task may have been lost.
 STALE_PENDING = timedelta(minutes=10)
-# Set in the cache (the same Redis as the queue) when a run's task is sent, for as long as
-# the broker may hold the task unacknowledged: a pending run without it has no task in the
-# queue, and introspection_requeue sends one (as sessions_app.turns does for chat turns).
-QUEUED_KEY = "kinsite:introspection-queued:{run_id}"
-# A pending run younger than this may still have its task on the way (sent on commit).
-REQUEUE_AFTER = timedelta(minutes=1)
-REQUEUE_BATCH = 500
 # Past Celery's hard time limit (which ends any task, and with it the session lock's
 # lifetime), plus a margin for clocks that differ between machines.
 STALLED_MARGIN = timedelta(minutes=1)
-STALLED_BATCH = 100
 INTERRUPTED = "Interrupted: the worker running it stopped before it finished."
 
 INTROSPECTION_SYSTEM = (
@@ -148,27 +140,15 @@ def introspection_request(*, session: Session, trigger: str) -> IntrospectionRun
         run = IntrospectionRun.objects.filter(session=session, status=Status.PENDING).order_by("id").first()
         if run is not None:
             if run.created_at < timezone.now() - STALE_PENDING:
-                # Its task may be lost (a broker restart); a second delivery is a no-op if it is not.
-                transaction.on_commit(lambda: _task_send(run.pk))
+                # Its task may be lost, and the embedded mode (eager Celery) has no beat to run
+                # introspection_requeue; a second delivery is a no-op if it is not.
+                job_send_on_commit(INTROSPECTION_JOBS, run.pk)
             return run
         run = IntrospectionRun.objects.create(session=session, trigger=trigger)
         # The broker down: this raises (the API answers 503) and the run stays pending for
         # introspection_requeue.
-        transaction.on_commit(lambda: _task_send(run.pk))
+        job_send_on_commit(INTROSPECTION_JOBS, run.pk)
     return run
-
-
-def _task_send(run_id: int) -> None:
-    """Send the run's task, then mark it queued (sessions_app.turns._task_send, for runs)."""
-    from sessions_app.tasks import introspect_session_task  # tasks import this module
-
-    introspect_session_task.delay(run_id)
-    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout", 3600)
-    try:
-        cache.set(QUEUED_KEY.format(run_id=run_id), True, timeout=visibility)
-    except RedisError as exc:
-        # The task is queued; without its marker the sweep merely sends it once more.
-        logger.warning("Introspection run %s is queued but not marked so: %s", run_id, exc)
 
 
 def introspection_after_turn(*, session: Session) -> IntrospectionRun | None:
@@ -346,9 +326,7 @@ def _claim(run: IntrospectionRun) -> bool:
             IntrospectionRun.objects.filter(session_id=run.session_id, status=Status.RUNNING).exclude(
                 pk=run.pk
             ).update(status=Status.FAILED, finished_at=now, error=INTERRUPTED)
-            claimed = IntrospectionRun.objects.filter(
-                pk=run.pk, status__in=[Status.PENDING, Status.RUNNING]
-            ).update(status=Status.RUNNING, started_at=now, error="")
+            claimed = job_claim(INTROSPECTION_JOBS, run.pk, rerun=True, now=now, error="")
             if claimed:
                 Session.objects.filter(pk=run.session_id).update(turns_since_introspection=0)
     except IntegrityError:
@@ -360,7 +338,7 @@ def _claim(run: IntrospectionRun) -> bool:
         )
     if claimed:
         run.status, run.started_at = Status.RUNNING, now
-    return bool(claimed)
+    return claimed
 
 
 def _run(run: IntrospectionRun) -> IntrospectionRun:
@@ -607,29 +585,10 @@ def introspection_requeue(*, now: datetime | None = None) -> list[int]:
     """Send again the tasks of pending runs that have none in the queue: requested while the
     broker was down (the request answered 503, or the turn that triggered it failed to
     enqueue it), or queued before Redis lost its data in a restart. Returns their ids. A
-    run sent twice still runs once (session_introspect claims it). It reads the pending
-    runs only (partial index introspection_run_pending); the oldest REQUEUE_BATCH go first.
-    With Redis down it stops, logs, and leaves the rest to the next minute."""
-    cutoff = (now or timezone.now()) - REQUEUE_AFTER
-    pending = list(
-        IntrospectionRun.objects.filter(status=Status.PENDING, created_at__lte=cutoff)
-        .order_by("id").values_list("pk", flat=True)[:REQUEUE_BATCH]
-    )
-    if not pending:
-        return []
-    requeued = []
-    try:
-        queued = cache.get_many([QUEUED_KEY.format(run_id=run_id) for run_id in pending])
-        for run_id in pending:
-            if QUEUED_KEY.format(run_id=run_id) not in queued:
-                _task_send(run_id)
-                requeued.append(run_id)
-    except (BrokerUnreachable, RedisError) as exc:
-        logger.warning("Requeueing introspection runs stopped, Redis is unreachable (next try in a minute): %s",
-                       exc)
-    if requeued:
-        logger.info("Queued %d pending introspection runs again: %s", len(requeued), requeued)
-    return requeued
+    run sent twice still runs once (session_introspect claims it). kinsite.jobs.jobs_requeue:
+    the oldest 500 pending runs (partial index introspection_run_pending); with Redis down
+    it stops until the next minute."""
+    return jobs_requeue(INTROSPECTION_JOBS, now=now)
 
 
 def run_stalled_after() -> timedelta:
@@ -647,34 +606,23 @@ def introspection_recover_stalled(*, now: datetime | None = None) -> list[int]:
     still live: that delivery takes itself for a duplicate and does nothing. Failing is
     safe, as for any failed run: it applied nothing and left the cursor, and the session
     stays flagged, so the idle scan (or the next trigger) introspects the same events
-    again. Runs whose session lock is held are left alone. It reads the running runs only
-    (the partial unique index of introspection_one_running_per_session), the STALLED_BATCH
-    longest running first. With Redis down it stops, logs, and tries again next minute."""
-    now = now or timezone.now()
-    cutoff = now - run_stalled_after()
-    candidates = list(
-        IntrospectionRun.objects.filter(status=Status.RUNNING, started_at__lte=cutoff)
-        .order_by("started_at", "id").values_list("pk", "session_id")[:STALLED_BATCH]
-    )
-    if not candidates:
-        return []
-    try:
-        held = cache.get_many([LOCK_KEY.format(session_id=session_id) for _, session_id in candidates])
-    except RedisError as exc:
-        logger.warning("Recovering stalled introspection runs stopped, Redis is unreachable (next try in a "
-                       "minute): %s", exc)
-        return []
+    again. Runs whose session lock is held are left alone. kinsite.jobs.jobs_recover_stalled:
+    the 100 longest running (the partial unique index of introspection_one_running_per_session);
+    with Redis down it stops until the next minute."""
+    return jobs_recover_stalled(INTROSPECTION_JOBS, now=now).failed
+
+
+def _stalled_run_error(run: IntrospectionRun) -> str:
+    """A stalled run, its lock free, is failed: it applied nothing, so running it again is
+    the idle scan's business (it finds the session's events after the cursor)."""
     minutes = round(run_stalled_after().total_seconds() / 60)
-    error = (f"{INTERRUPTED} It was still running after {minutes} minutes with nobody working on it. Nothing was "
-             f"applied and the cursor did not move: the next run reads the same events.")
-    failed = []
-    for run_id, session_id in candidates:
-        if LOCK_KEY.format(session_id=session_id) in held:
-            continue
-        if IntrospectionRun.objects.filter(pk=run_id, status=Status.RUNNING, started_at__lte=cutoff).update(
-            status=Status.FAILED, error=error, finished_at=now
-        ):
-            failed.append(run_id)
-    if failed:
-        logger.warning("Failed %d introspection runs left running by a stopped worker: %s", len(failed), failed)
-    return failed
+    return (f"{INTERRUPTED} It was still running after {minutes} minutes with nobody working on it. Nothing was "
+            f"applied and the cursor did not move: the next run reads the same events.")
+
+
+INTROSPECTION_JOBS = JobKind(
+    name="introspection", label="introspection runs", model="sessions_app.IntrospectionRun",
+    task="sessions_app.tasks.introspect_session_task", stalled_after=run_stalled_after,
+    free=lambda run: cache_key_free(LOCK_KEY.format(session_id=run.session_id)), give_up=_stalled_run_error,
+    reads=("session_id",),
+)

@@ -209,6 +209,39 @@ class Summary(models.Model):
         return f"Summary {self.pk} of session {self.session_id}"
 
 
+class CompactionRun(models.Model):
+    """One requested compaction of a session (sessions_app.compaction): the row its task
+    claims, so a lost task is sent again and a redelivered one does nothing (kinsite.jobs)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        DONE = "done"  # summary: the one it wrote; none when there was nothing to do
+        FAILED = "failed"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="compaction_runs")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    summary = models.ForeignKey(Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Starts: one at each claim (a Celery retry after a model failure, or a run again after
+    # its worker stopped); after a few a stalled run is failed (compaction.COMPACTION_MAX_ATTEMPTS).
+    attempts = models.PositiveSmallIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            # The sweeps (every minute) read only pending runs, and running runs oldest start first.
+            models.Index(fields=["id"], condition=Q(status="pending"), name="compaction_run_pending"),
+            models.Index(fields=["started_at"], condition=Q(status="running"), name="compaction_run_running"),
+        ]
+
+    def __str__(self):
+        return f"Compaction {self.pk} of session {self.session_id} ({self.status})"
+
+
 class IntrospectionRun(models.Model):
     """One introspection of a session: what triggered it, which events it read,
     what it did and how it ended. An audit row: written by the service only."""

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from kinsite.models import Kin, Team
 from kinsite.tokencount import count_tokens
-from sessions_app.compaction import latest_summary
+from sessions_app.compaction import compaction_request, latest_summary
 from sessions_app.models import Event, Session
 
 KIN_EDITABLE_FIELDS = (
@@ -133,7 +133,5 @@ def messages_import(*, session: Session, items: list[ImportItem]) -> ImportResul
         if summary is not None and min(row.created_at for row in rows) < summary.last_event.created_at:
             # Dated inside summarised time: the prompt's history starts after the summary, so
             # only a new summary brings them into the context; it keeps the boundary.
-            from sessions_app.tasks import compact_session_task  # tasks import this module's callers
-
-            transaction.on_commit(lambda: compact_session_task.delay(session.pk))
+            compaction_request(session=session)
     return ImportResult(created=len(rows), skipped=len(items) - len(rows))

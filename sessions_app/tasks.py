@@ -4,31 +4,21 @@ import logging
 from celery import shared_task
 
 from kinsite.llm.types import LLMError
-from sessions_app.compaction import session_compact
-from sessions_app.introspection import (
-    IntrospectionBusy,
-    introspect_idle_sessions,
-    introspection_recover_stalled,
-    introspection_requeue,
-    introspection_skip,
-    session_introspect,
-)
-from sessions_app.models import Session
+from sessions_app.compaction import compaction_run
+from sessions_app.introspection import IntrospectionBusy, introspect_idle_sessions, introspection_skip, session_introspect
 
 logger = logging.getLogger(__name__)
 
 
-# A failed compaction changes nothing, so retrying is safe; if the retries run out, the
-# next turn over the threshold enqueues it again.
+# A failed compaction changes nothing, so retrying is safe; if the retries run out, the run
+# is failed and the next turn over the threshold requests a new one.
 @shared_task(bind=True, autoretry_for=(LLMError,), max_retries=3, retry_backoff=True)
-def compact_session_task(self, session_id: int) -> None:
-    session = Session.objects.select_related("kin__team").filter(pk=session_id).first()
-    if session is None:
-        return  # deleted since the task was enqueued
+def compact_session_task(self, run_id: int) -> None:
+    last_try = self.request.is_eager or self.request.retries >= self.max_retries
     try:
-        session_compact(session=session)
+        compaction_run(run_id=run_id, last_try=last_try)
     except LLMError as exc:
-        logger.warning("Compaction of session %s failed: %s", session_id, exc)
+        logger.warning("Compaction run %s failed: %s", run_id, exc)
         if self.request.is_eager:
             # Eager Celery (the embedded default) runs this inside the request that enqueued
             # it, where a retry cannot wait and would surface as an error of a turn that
@@ -61,18 +51,6 @@ def introspect_session_task(self, run_id: int) -> None:
 def scan_idle_sessions_task() -> int:
     """Every minute (beat): request an introspection of each idle session that is due."""
     return len(introspect_idle_sessions())
-
-
-@shared_task
-def requeue_pending_introspections_task() -> int:
-    """Every minute (beat): send again the tasks of pending runs that have none in the queue."""
-    return len(introspection_requeue())
-
-
-@shared_task
-def recover_stalled_introspections_task() -> int:
-    """Every minute (beat): fail the runs left running by a worker that stopped."""
-    return len(introspection_recover_stalled())
 
 
 # The chat turn's task lives in its own module; importing it here registers it with the

@@ -1,6 +1,6 @@
-"""The Celery tasks of chat turns: run an async turn by id (sessions_app.turns), and the
-sweeps that take over the turns that would otherwise wait for ever: those whose task never
-reached the broker or was lost with it, and those left running by a process that stopped."""
+"""The Celery task of chat turns: run an async turn by id (sessions_app.turns). The sweeps
+that take over turns whose task was lost, or that a process stopped running, are
+kinsite.tasks' (every kind of job, TURN_JOBS among them)."""
 from celery import shared_task
 
 
@@ -11,20 +11,3 @@ def run_turn_task(turn_id: int) -> None:
     from sessions_app.turns import turn_run
 
     turn_run(turn_id=turn_id)
-
-
-@shared_task
-def requeue_pending_turns_task() -> int:
-    """Every minute (beat): queue again the async turns left pending without a task."""
-    from sessions_app.turns import turns_requeue
-
-    return len(turns_requeue())
-
-
-@shared_task
-def recover_stalled_turns_task() -> int:
-    """Every minute (beat): take over the turns left running by a process that stopped."""
-    from sessions_app.turns import turns_recover_stalled
-
-    stalled = turns_recover_stalled()
-    return len(stalled.requeued) + len(stalled.failed)

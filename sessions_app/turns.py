@@ -13,30 +13,33 @@ nothing (no turn can run without the session lock); an async post keeps its mess
 and pending turn, and `turns_requeue` (beat, every minute) queues the turn once the
 broker is back. A turn left running by a process that stopped (a killed worker or web
 process, or a task Redis lost) is taken over by `turns_recover_stalled` (beat, every
-minute) once nobody holds its session lock, and run again."""
+minute) once nobody holds its session lock, and run again. Both sweeps are kinsite.jobs'
+(TURN_JOBS); this module decides only what a stalled turn needs: its session lock, free,
+and whether it has starts left."""
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerUnreachable
-from redis.exceptions import RedisError
 
 from kinsite.errors import ServiceUnavailable, UpstreamError
+from kinsite.jobs import REDIS_OUTAGES, JobKind, Recovered, job_claim, job_send, jobs_recover_stalled, jobs_requeue
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.types import LLMError, ToolCall
 from kinsite.tokencount import count_tokens
 from kinsite.tools import Tool, ToolContext
 from memories.models import Memory
 from memories.services import Actor, memories_mark_retrieved
-from sessions_app.compaction import compaction_needed
+from sessions_app.compaction import compaction_needed, compaction_request
 from sessions_app.context import prompt_assemble
 from sessions_app.introspection import IntrospectionDisabled, introspection_after_turn, introspection_request
 from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, lease_seconds, session_lock
@@ -48,22 +51,10 @@ logger = logging.getLogger(__name__)
 COMMANDS = ("checkpoint", "new")
 # A tool's answer is cut to this many characters before it goes back to the model.
 TOOL_RESULT_MAX_CHARS = 16_000
-# Set in the cache (the same Redis as the queue) when a turn's task is sent: a pending turn
-# without it has no task in the queue. It lasts as long as the broker may hold a task
-# unacknowledged; after that a turn still pending is queued again, harmlessly.
-QUEUED_KEY = "kinsite:turn-queued:{turn_id}"
-# A pending turn younger than this may still have its task on the way (sent on commit).
-REQUEUE_AFTER = timedelta(minutes=1)
-REQUEUE_BATCH = 500
-# Running turns the stalled-turn sweep looks at per minute (each costs a lock attempt in Redis).
-STALLED_BATCH = 100
 # A turn whose process stopped this many times (say it runs out of memory) is failed rather
 # than started again for ever.
 TURN_MAX_ATTEMPTS = 3
 UNFINISHED = (Turn.Status.PENDING, Turn.Status.RUNNING)
-# What the sweeps give up on when Redis (broker, cache or lock) does not answer; beat runs them
-# again a minute later.
-REDIS_OUTAGES = (BrokerUnreachable, RedisError, LockUnavailable)
 
 
 class TurnFailed(UpstreamError):
@@ -174,29 +165,9 @@ def turns_requeue(*, now: datetime | None = None) -> list[int]:
     while the broker was down (the post answered 503 and kept the turn), turns queued before
     Redis lost its data in a restart, and stalled turns the broker did not take when
     turns_recover_stalled made them pending again. Returns their ids. A turn queued twice
-    still runs once (turn_run claims it), so a marker lost on its own costs a duplicate
-    task, nothing more.
-    It reads the pending turns only (partial index turn_pending); the oldest REQUEUE_BATCH
-    go first. With Redis down it stops, logs, and leaves the rest to the next minute."""
-    cutoff = (now or timezone.now()) - REQUEUE_AFTER
-    pending = list(
-        Turn.objects.filter(status=Turn.Status.PENDING, created_at__lte=cutoff)
-        .order_by("id").values_list("pk", flat=True)[:REQUEUE_BATCH]
-    )
-    if not pending:
-        return []
-    requeued = []
-    try:
-        queued = cache.get_many([QUEUED_KEY.format(turn_id=turn_id) for turn_id in pending])
-        for turn_id in pending:
-            if QUEUED_KEY.format(turn_id=turn_id) not in queued:
-                _task_send(turn_id)
-                requeued.append(turn_id)
-    except REDIS_OUTAGES as exc:
-        logger.warning("Requeueing pending turns stopped, Redis is unreachable (next try in a minute): %s", exc)
-    if requeued:
-        logger.info("Queued %d pending turns again: %s", len(requeued), requeued)
-    return requeued
+    still runs once (turn_run claims it). kinsite.jobs.jobs_requeue: the oldest 500 pending
+    turns (partial index turn_pending); with Redis down it stops until the next minute."""
+    return jobs_requeue(TURN_JOBS, now=now)
 
 
 def turn_stalled_after() -> timedelta:
@@ -210,13 +181,7 @@ def turn_stalled_after() -> timedelta:
     return timedelta(seconds=lease_seconds())
 
 
-@dataclass
-class StalledTurns:
-    requeued: list[int]  # turns made pending again and queued
-    failed: list[int]  # turns out of attempts, failed with an error
-
-
-def turns_recover_stalled(*, now: datetime | None = None) -> StalledTurns:
+def turns_recover_stalled(*, now: datetime | None = None) -> Recovered:
     """Take over the turns left running by a process that stopped: a web process that died
     during a sync turn (its client got a broken connection), a worker killed during an async
     one, or an async turn whose unacknowledged task Redis lost in a restart.
@@ -228,38 +193,34 @@ def turns_recover_stalled(*, now: datetime | None = None) -> StalledTurns:
     done is done twice and it gets one reply. A sync turn too: its client got a broken
     connection, but the message is stored and gets its reply (the client finds it by
     polling the turn, or in the session). After TURN_MAX_ATTEMPTS starts a turn is failed
-    instead. It reads the running turns only (partial index turn_running), the STALLED_BATCH
-    longest running first. With Redis down it stops, logs, and leaves the rest to the next minute."""
-    now = now or timezone.now()
-    cutoff = now - turn_stalled_after()
-    candidates = list(
-        Turn.objects.filter(status=Turn.Status.RUNNING, started_at__lte=cutoff)
-        .order_by("started_at", "id").only("pk", "session_id", "attempts", "user_message_id")
-        [:STALLED_BATCH]
-    )
-    stalled = StalledTurns(requeued=[], failed=[])
-    try:
-        for turn in candidates:
-            try:
-                # No wait: a held lock means the session is busy; the next sweep looks again.
-                with session_lock(turn.session_id, timeout=0):
-                    requeue = turn.attempts < TURN_MAX_ATTEMPTS
-                    taken_over = _turn_stalled_close(turn=turn, cutoff=cutoff, now=now, requeue=requeue)
-            except SessionBusy:
-                continue
-            if not taken_over:
-                continue  # it ended, or was run again, since it was read
-            if requeue:
-                stalled.requeued.append(turn.pk)
-                # Outside the lock: an eager task runs turn_run here, which takes it.
-                _task_send(turn.pk)  # the broker down: the turn is pending, turns_requeue sends it
-            else:
-                stalled.failed.append(turn.pk)
-    except REDIS_OUTAGES as exc:
-        logger.warning("Recovering stalled turns stopped, Redis is unreachable (next try in a minute): %s", exc)
-    if stalled.requeued or stalled.failed:
-        logger.warning("Stalled turns taken over: queued again %s, failed %s", stalled.requeued, stalled.failed)
-    return stalled
+    instead. kinsite.jobs.jobs_recover_stalled: the 100 longest running (partial index
+    turn_running); with Redis down it stops until the next minute."""
+    return jobs_recover_stalled(TURN_JOBS, now=now)
+
+
+@contextmanager
+def _turn_free(turn: Turn) -> Iterator[bool]:
+    """For the stalled sweep: hold the turn's session lock while its fate is written, if it
+    can be taken at once. No wait: a held lock means the session is busy."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(session_lock(turn.session_id, timeout=0))
+        except SessionBusy:
+            yield False
+            return
+        yield True
+
+
+def _turn_give_up(turn: Turn) -> str | None:
+    """A stalled turn runs again (None) unless it has started TURN_MAX_ATTEMPTS times."""
+    return _out_of_attempts_error(turn) if turn.attempts >= TURN_MAX_ATTEMPTS else None
+
+
+TURN_JOBS = JobKind(
+    name="turn", label="turns", model="sessions_app.Turn", task="sessions_app.turn_tasks.run_turn_task",
+    stalled_after=turn_stalled_after, free=_turn_free, give_up=_turn_give_up,
+    reads=("session_id", "attempts", "user_message_id"), counts_attempts=True,
+)
 
 
 # --- steps -----------------------------------------------------------------------------------
@@ -269,7 +230,7 @@ def _turn_enqueue(turn: Turn) -> None:
     """Send the async turn's task; the broker not answering raises TurnNotQueued (503),
     leaving the stored turn pending for turns_requeue."""
     try:
-        _task_send(turn.pk)
+        job_send(TURN_JOBS, turn.pk)
     except BrokerUnreachable as exc:
         logger.warning("Turn %s is stored but not queued, the broker is unreachable: %s", turn.pk, exc)
         raise TurnNotQueued(
@@ -285,32 +246,10 @@ def _turn_send_again(turn_id: int) -> None:
     if not Turn.objects.filter(pk=turn_id, status__in=UNFINISHED).exists():
         return
     try:
-        _task_send(turn_id)
+        job_send(TURN_JOBS, turn_id)
     except REDIS_OUTAGES as exc:
         # The turn stays pending; turns_requeue sends it once its queued marker is gone.
         logger.warning("Turn %s waits for the sweeps, the broker is unreachable: %s", turn_id, exc)
-
-
-def _task_send(turn_id: int) -> None:
-    from sessions_app.turn_tasks import run_turn_task
-
-    run_turn_task.delay(turn_id)
-    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout", 3600)
-    try:
-        cache.set(QUEUED_KEY.format(turn_id=turn_id), True, timeout=visibility)
-    except RedisError as exc:
-        # The task is queued; without its marker the sweep merely queues it once more.
-        logger.warning("Turn %s is queued but not marked so: %s", turn_id, exc)
-
-
-def _turn_stalled_close(*, turn: Turn, cutoff: datetime, now: datetime, requeue: bool) -> bool:
-    """Under the session lock: make the stalled turn pending again (`requeue`) or fail it.
-    False when it is no longer a stalled running turn."""
-    still_stalled = Turn.objects.filter(pk=turn.pk, status=Turn.Status.RUNNING, started_at__lte=cutoff)
-    if requeue:
-        return bool(still_stalled.update(status=Turn.Status.PENDING, started_at=None))
-    return bool(still_stalled.update(status=Turn.Status.FAILED, error=_out_of_attempts_error(turn),
-                                     finished_at=now))
 
 
 def _out_of_attempts_error(turn: Turn) -> str:
@@ -341,7 +280,7 @@ def _turn_claim(turn: Turn) -> bool:
         logger.warning("Turn %s failed: its process stopped %d times", turn.pk, turn.attempts)
         return False
     # Conditional, as a claim: if our lease ran out, whoever holds the lock now may have run it.
-    if not unfinished.update(status=Turn.Status.RUNNING, started_at=now, attempts=F("attempts") + 1):
+    if not job_claim(TURN_JOBS, turn.pk, rerun=True, now=now):
         return False
     turn.status, turn.started_at, turn.attempts = Turn.Status.RUNNING, now, turn.attempts + 1
     return True
@@ -588,9 +527,9 @@ def _schedule_background_work(*, session: Session, turn: Turn) -> None:
     """After the turn and outside the session lock (an eager task must not run under it):
     compaction when the un-summarised history has outgrown its share of the budget, and
     introspection every `turn_interval` completed turns (commands are not turns)."""
-    from sessions_app.tasks import compact_session_task  # tasks import this module's callers
-
     if compaction_needed(session=session):
-        transaction.on_commit(lambda: compact_session_task.delay(session.pk))
+        # Once the turn's writes are committed, as the compaction task was sent before the
+        # run had a row: the turn's own work stays what it was (tests/sessions_app/test_turn_queries.py).
+        transaction.on_commit(lambda: compaction_request(session=session))
     if turn.status == Turn.Status.DONE and turn.user_message.kind == Event.Kind.MESSAGE:
         introspection_after_turn(session=session)  # the turn was counted when its reply was stored

@@ -9,7 +9,7 @@ import pytest
 from consolidation.models import ConsolidationRun
 from kinsite.models import LLMCall
 from memories.models import Memory
-from sessions_app.compaction import compaction_needed
+from sessions_app.compaction import compaction_needed, compaction_request
 from sessions_app.introspection import introspection_request
 from sessions_app.models import Event, Session, Summary, Turn
 from sessions_app.tasks import compact_session_task, introspect_session_task
@@ -233,7 +233,7 @@ def test_compaction_on_a_failing_model_writes_nothing_and_runs_again(chat_sessio
     before = list(Event.objects.order_by("id").values())
     fault.inject(fake_model)
 
-    compact_session_task.apply(args=[chat_session.pk])
+    compact_session_task.apply(args=[compaction_request(session=chat_session).pk])
 
     assert not Summary.objects.exists()
     assert list(Event.objects.order_by("id").values()) == before
@@ -242,7 +242,7 @@ def test_compaction_on_a_failing_model_writes_nothing_and_runs_again(chat_sessio
     assert compaction_needed(session=chat_session) is True
 
     fake_model.reply(FIRST_SUMMARY)
-    compact_session_task.apply(args=[chat_session.pk])
+    compact_session_task.apply(args=[compaction_request(session=chat_session).pk])
 
     assert Summary.objects.get(session=chat_session).content == FIRST_SUMMARY
 

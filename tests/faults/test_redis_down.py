@@ -16,9 +16,10 @@ from django.urls import reverse
 from django.db.models import F
 
 from consolidation.models import ConsolidationRun
+from kinsite.jobs import job_queued_key
 from kinsite.models import LLMCall
 from sessions_app.models import Event, IntrospectionRun, Turn
-from sessions_app.turns import QUEUED_KEY, turns_requeue
+from sessions_app.turns import TURN_JOBS, turns_requeue
 from tests.factories import MessageFactory
 from tests.faults.conftest import wait_for
 from tests.sessions_app.test_api_access import assert_api_error
@@ -145,7 +146,7 @@ def test_async_posts_while_redis_is_down_are_kept_and_answered_once_when_it_is_b
     turn B (details.stored true) and asking not to post it again; polling turn B answers
     200 `pending`. After it, 202 again (turn C), and in the end all three turns `done`.
     Stored: each message and its pending turn as posted; A's queued task is lost with
-    Redis's data. Runs again: the sweep (beat's requeue-pending-turns) queues A and B, whose
+    Redis's data. Runs again: the sweep (beat's requeue-pending-jobs) queues A and B, whose
     queued-marker went with Redis or was never set, and leaves C, queued normally; a worker
     answers each turn exactly once."""
     first = post(api_client, chat_session, "Message A", is_async=True)
@@ -179,7 +180,7 @@ def test_async_posts_while_redis_is_down_are_kept_and_answered_once_when_it_is_b
     assert turns_requeue() == [turn_a, turn_b]
     with on_redis.client() as broker:
         assert broker.llen("celery") == 3  # C's own task, then A's and B's
-        assert all(broker.exists(f":1:{QUEUED_KEY.format(turn_id=t)}") for t in (turn_a, turn_b, turn_c))
+        assert all(broker.exists(f":1:{job_queued_key(TURN_JOBS, t)}") for t in (turn_a, turn_b, turn_c))
 
     worker = workers(redis_url=on_redis.url, llm_base_url=fake_llm.base_url)
     wait_for(lambda: not Turn.objects.exclude(status__in=["done", "failed"]).exists(), seconds=TURNS_SECONDS,

@@ -51,8 +51,8 @@ def test_a_worker_running_turns_when_redis_is_killed_reconnects_and_answers_ever
     process that took them (a connection loss does not cancel running tasks), and Redis,
     having lost its data, no longer holds their tasks to deliver again; beat's sweeps,
     called here as beat calls them a minute on (the clock moved by ageing the turns), find
-    no turn pending without a task (requeue-pending-turns) and none stalled
-    (recover-stalled-turns). The same worker process, never restarted, answers all three."""
+    no turn pending without a task (requeue-pending-jobs) and none stalled
+    (recover-stalled-jobs). The same worker process, never restarted, answers all three."""
     sessions = [SessionFactory(kin=kin) for _ in range(3)]
     held = [fake_llm.hold(), fake_llm.hold()]  # the model calls of the first two turns
     try:
@@ -122,7 +122,7 @@ def test_a_worker_started_while_redis_is_down_waits_for_it_and_then_runs_the_kep
     The user sees: the async post answers 503 with its turn kept pending, and that turn
     `done` once Redis is back. Stored: the message, then one reply. Runs again: the
     worker retries its connection for as long as it takes (it does not exit), connects
-    once Redis is up, and runs the turn that beat's requeue-pending-turns (called here as
+    once Redis is up, and runs the turn that beat's requeue-pending-jobs (called here as
     beat calls it) queued again."""
     on_redis.stop()
     response = post(api_client, chat_session, "Are you there?")

@@ -17,13 +17,12 @@ import pytest
 from django.db.models import F
 
 from kinsite.services import api_token_issue
+from kinsite.tasks import recover_stalled_jobs_task, requeue_jobs_task
 from memories.models import Memory
 from sessions_app import introspection
 from sessions_app.introspection import introspection_recover_stalled, introspection_requeue, run_stalled_after
 from sessions_app.locks import LOCK_KEY as TURN_LOCK_KEY
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
-from sessions_app.tasks import recover_stalled_introspections_task, requeue_pending_introspections_task
-from sessions_app.turn_tasks import recover_stalled_turns_task, requeue_pending_turns_task
 from sessions_app.turns import turn_stalled_after, turns_recover_stalled, turns_requeue
 from tests.factories import IntrospectionRunFactory, MessageFactory, SessionFactory, TurnFactory
 from tests.faults.conftest import wait_for
@@ -281,8 +280,7 @@ def test_the_sweeps_survive_redis_being_down_and_queue_what_it_kept_once_it_is_b
 
     caplog.set_level(logging.WARNING)
     caplog.clear()
-    for task in (requeue_pending_turns_task, recover_stalled_turns_task, requeue_pending_introspections_task,
-                 recover_stalled_introspections_task):
+    for task in (requeue_jobs_task, recover_stalled_jobs_task):
         started = time.monotonic()
         assert task.apply().get() == 0
         assert time.monotonic() - started < HANG_SECONDS

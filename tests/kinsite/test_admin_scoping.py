@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from kinsite.admin_mixins import team_path
 from kinsite.models import PromptTemplate
-from sessions_app.models import IntrospectionRun
+from sessions_app.models import CompactionRun, IntrospectionRun
 from tests.abuse.support import seed_team
 from tests.factories import (
     IntrospectionRunFactory,
@@ -44,6 +44,7 @@ def seed_everything(team, *, secret, user):
     SummaryFactory(session=seeded.session, content=f"Summary {secret}", first_event=first, last_event=last,
                    first_at=now - timedelta(minutes=1), last_at=now, message_count=2)
     IntrospectionRunFactory(session=seeded.session, trigger=IntrospectionRun.Trigger.MANUAL)
+    CompactionRun.objects.create(session=seeded.session)
     LLMCallFactory(team=team, kin=seeded.kin, purpose="kin_turn", provider="scripted", model=secret, status="ok")
     PromptTemplateFactory(team=team, kin=seeded.kin, kind="consolidation", name=f"Template {secret}",
                           body="{kin_name}", is_active=False)

@@ -18,6 +18,7 @@ from sessions_app.compaction import (
     LOCK_KEY,
     compaction_cut,
     compaction_needed,
+    compaction_request,
     late_events,
     latest_summary,
     session_compact,
@@ -469,8 +470,9 @@ def test_duplicate_task_run_makes_one_summary(session, llm):
     chatter(session, 0, 20)
     llm.add(FIRST_SUMMARY)  # a second model call would exhaust the script and fail
 
-    compact_session_task(session.pk)
-    compact_session_task(session.pk)
+    run = compaction_request(session=session)
+    compact_session_task(run.pk)
+    compact_session_task(run.pk)
 
     assert Summary.objects.filter(session=session).count() == 1
     assert len(llm.calls) == 1
@@ -493,7 +495,7 @@ def test_task_via_delay_compacts(session, llm):
     chatter(session, 0, 20)
     llm.add(FIRST_SUMMARY)
 
-    compact_session_task.delay(session.pk)
+    compact_session_task.delay(compaction_request(session=session).pk)
 
     assert latest_summary(session).content == FIRST_SUMMARY
 
@@ -505,7 +507,7 @@ def test_worker_run_hands_a_model_failure_to_celery_retries(session, llm):
     llm.add(LLMHTTPError("HTTP 503", status_code=503))
 
     with pytest.raises(LLMHTTPError):
-        compact_session_task(session.pk)
+        compact_session_task(compaction_request(session=session).pk)
 
     assert not Summary.objects.exists()
     assert compact_session_task.autoretry_for == (LLMError,)
@@ -518,14 +520,14 @@ def test_eager_run_logs_a_model_failure_without_raising(session, llm):
     chatter(session, 0, 20)
     llm.add(LLMHTTPError("HTTP 503", status_code=503))
 
-    compact_session_task.delay(session.pk)
+    compact_session_task.delay(compaction_request(session=session).pk)
 
     assert not Summary.objects.exists()
     assert LLMCall.objects.get(purpose="compaction").status == LLMCall.Status.ERROR
     assert compaction_needed(session=session) is True
 
 
-def test_task_for_a_missing_session_is_a_no_op(db, llm):
+def test_task_for_a_missing_run_is_a_no_op(db, llm):
     compact_session_task.delay(987654)
 
     assert llm.calls == []

@@ -10,10 +10,13 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
+from kinsite import jobs
+from kinsite.jobs import job_queued_key
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from memories.models import Memory
 from sessions_app import introspection, turns
 from sessions_app.introspection import (
+    INTROSPECTION_JOBS,
     idle_sessions_due,
     introspection_recover_stalled,
     introspection_request,
@@ -113,7 +116,7 @@ def test_a_pending_run_with_a_fresh_queued_marker_or_younger_than_a_minute_is_le
     assert introspection_requeue() == []  # its task may still be on the way
 
     age(IntrospectionRun.objects.filter(pk=young.pk), "created_at", timedelta(minutes=5))
-    cache.set(introspection.QUEUED_KEY.format(run_id=young.pk), True)  # its task sits in the queue
+    cache.set(job_queued_key(INTROSPECTION_JOBS, young.pk), True)  # its task sits in the queue
 
     assert introspection_requeue() == []
     young.refresh_from_db()
@@ -126,7 +129,7 @@ def test_a_sent_run_is_marked_queued(chat_session, model, django_capture_on_comm
     with django_capture_on_commit_callbacks(execute=True):
         run = introspection_request(session=chat_session, trigger="checkpoint")
 
-    assert cache.get(introspection.QUEUED_KEY.format(run_id=run.pk)) is True
+    assert cache.get(job_queued_key(INTROSPECTION_JOBS, run.pk)) is True
 
 
 # --- introspection runs: left running ---------------------------------------------------------
@@ -266,11 +269,11 @@ def test_a_recovered_sync_turn_the_broker_did_not_take_is_sent_by_the_requeue_sw
     age(Turn.objects.filter(pk=turn.pk), "started_at", turn_stalled_after() + timedelta(seconds=1))
     age(Turn.objects.filter(pk=turn.pk), "created_at", timedelta(minutes=10))
 
-    def broker_down(turn_id):
+    def broker_down(kind, job_id):
         raise turns.BrokerUnreachable("connection refused")
 
     with monkeypatch.context() as patch:
-        patch.setattr(turns, "_task_send", broker_down)
+        patch.setattr(jobs, "job_send", broker_down)
         assert turns_recover_stalled().requeued == [turn.pk]
     assert Turn.objects.get(pk=turn.pk).status == "pending"
 
