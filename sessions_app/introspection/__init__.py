@@ -166,8 +166,8 @@ def introspection_after_turn(*, session: Session) -> IntrospectionRun | None:
 
 
 def idle_sessions_due(now: datetime) -> list[Session]:
-    """Sessions idle for their kin's idle_timeout_minutes that have events after their
-    cursor and no run queued or running.
+    """The idle scan's decision: sessions idle for their kin's idle_timeout_minutes that
+    have events after their cursor and no run queued or running.
 
     One query reads only sessions flagged introspection_pending whose last activity is
     older than the shortest timeout in force (the partial index session_introspection_due),
@@ -199,8 +199,9 @@ def idle_sessions_due(now: datetime) -> list[Session]:
 
 
 def idle_sessions_flagged(*, cutoff: datetime):
-    """Flagged sessions last active at or before `cutoff` without a queued or running run:
-    a range scan of the partial index session_introspection_due. Each carries
+    """The idle scan's query (idle_sessions_due decides among its rows): sessions flagged
+    introspection_pending, last active at or before `cutoff`, without a queued or running
+    run: a range scan of the partial index session_introspection_due. Each carries
     `cursor_event_id`, `has_new_events` and `last_failed_at`.
 
     The cursor is read from the done runs (last_event_id, written in the same transaction
@@ -237,7 +238,8 @@ def _idle_timeouts() -> list[int]:
 
 
 def introspection_idle_scan(*, now: datetime | None = None) -> list[IntrospectionRun]:
-    """The beat task's service: request a run (trigger idle) for every due session."""
+    """The idle scan, the beat task's service (scan_idle_sessions_task): request a run
+    (trigger idle) for every session idle_sessions_due finds."""
     runs = []
     for session in idle_sessions_due(now or timezone.now()):
         try:

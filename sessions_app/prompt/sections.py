@@ -1,4 +1,4 @@
-"""Pure system-prompt assembly (SPEC §4): plain inputs in, ordered sections out; no database.
+"""The system prompt's sections (SPEC §4), pure: plain inputs in, ordered sections out; no database.
 
 Stored text (names, memories, the experience document, the canvas, the summary, the
 session's notes) is untrusted: it goes through kinsite.prompt_safety, so it can never

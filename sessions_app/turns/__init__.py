@@ -1,5 +1,6 @@
 """The chat turn (SPEC §4): store the user's message, handle commands, assemble the
-prompt, call the model, run its tool calls, store the reply, schedule background work.
+prompt (sessions_app.prompt), call the model, run its tool calls (the kin's tools are
+turns/tools.py), store the reply, schedule background work (compaction, introspection).
 
 Turns of one session run one after the other, in post order (SPEC §4): whoever holds the
 session lock (sessions_app.locks), a worker's task or a sync post, runs the session's oldest
