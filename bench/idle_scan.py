@@ -78,7 +78,7 @@ def main() -> None:
         from django.test.utils import CaptureQueriesContext
         from django.utils import timezone
 
-        from sessions_app.introspection import idle_candidates, idle_sessions_due
+        from sessions_app.introspection import idle_sessions_due, idle_sessions_flagged
 
         call_command("migrate", verbosity=0)
         started = time.perf_counter()
@@ -89,7 +89,7 @@ def main() -> None:
 
         now = timezone.now()
         cutoff = now - timedelta(minutes=10)
-        plan = idle_candidates(cutoff=cutoff).explain()
+        plan = idle_sessions_flagged(cutoff=cutoff).explain()
         with CaptureQueriesContext(connection) as queries:
             found = idle_sessions_due(now)
         assert len(found) == sizes["due"], (len(found), sizes)

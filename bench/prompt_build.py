@@ -1,5 +1,5 @@
 """Prompt-build benchmark: a team with 10 kins of 10,000 memories each and one session
-of 10,000 messages, then p50/p95/p99 of sessions_app.context.prompt_assemble for that
+of 10,000 messages, then p50/p95/p99 of sessions_app.prompt.prompt_assemble for that
 session (memory search + history selection + sections), the queries it runs and what
 it builds, plus where the time goes. See bench/README.md.
 
@@ -65,8 +65,8 @@ def assemble_turn(session, text, sender, platform, around=nullcontext):
 
     from kinsite.tokencount import count_tokens
     from memories.services import memories_mark_retrieved
-    from sessions_app.context import prompt_assemble
     from sessions_app.models import Event
+    from sessions_app.prompt import prompt_assemble
 
     message = Event.objects.create(session=session, kind=Event.Kind.MESSAGE, role=Event.Role.USER, content=text,
                                    sender=sender, platform=platform, token_count=count_tokens(text),
@@ -86,7 +86,7 @@ def assemble_turn(session, text, sender, platform, around=nullcontext):
 def assemble_preview(session, text, sender, platform, around=nullcontext):
     """The prompt preview's path (API and dashboard): the message is not stored (it is
     counted as if it were) and nothing is counted as retrieved."""
-    from sessions_app.context import prompt_assemble
+    from sessions_app.prompt import prompt_assemble
 
     with around():
         started = time.perf_counter()
@@ -154,11 +154,12 @@ class Stopwatch:
 
 @contextmanager
 def instrumented(watch: Stopwatch, queries: list):
-    """Times prompt_assemble's parts by wrapping the functions sessions_app.context calls
-    (looked up as module globals at call time), and every SQL statement by kind."""
+    """Times prompt_assemble's parts by wrapping the functions sessions_app.prompt and its
+    reads call (looked up as module globals at call time), and every SQL statement by kind."""
     from django.db import connection
 
-    from sessions_app import context
+    from sessions_app import prompt
+    from sessions_app.prompt import reads
 
     def sql_timer(execute, sql, params, many, ctx):
         started = time.perf_counter()
@@ -178,15 +179,16 @@ def instrumented(watch: Stopwatch, queries: list):
         "render_system_prompt": "sections: render_system_prompt",
         "count_tokens": "sections: count_tokens",
     }
-    originals = {name: getattr(context, name) for name in wrapped}
+    originals = {(module, name): getattr(module, name)
+                 for module in (prompt, reads) for name in wrapped if hasattr(module, name)}
     try:
-        for name, label in wrapped.items():
-            setattr(context, name, watch.wrap(label, originals[name]))
+        for (module, name), function in originals.items():
+            setattr(module, name, watch.wrap(wrapped[name], function))
         with connection.execute_wrapper(sql_timer):
             yield
     finally:
-        for name, function in originals.items():
-            setattr(context, name, function)
+        for (module, name), function in originals.items():
+            setattr(module, name, function)
 
 
 def profile(session, incoming) -> dict:

@@ -91,7 +91,7 @@ class Event(models.Model):
         indexes = [
             models.Index(fields=["session", "created_at", "id"], name="event_session_time"),
             # A prompt's history is cut from the newest end of these rows by their token
-            # counts (sessions_app.context._history_entries); with the count in the index
+            # counts (sessions_app.prompt.reads._history_entries); with the count in the index
             # that cut reads no table rows.
             models.Index(
                 fields=["session", "created_at", "id", "token_count"],

@@ -2,7 +2,7 @@
 swapped in, with the tool calls that led to it folded underneath), the prompt
 preview beside it, and the introspection panel below (working memory, description,
 the recent runs and a "Checkpoint now" button). Posting calls sessions_app.turns.turn_post,
-the preview sessions_app.context.prompt_assemble and the checkpoint
+the preview sessions_app.prompt.prompt_assemble and the checkpoint
 sessions_app.introspection.introspection_request, the same services the API calls."""
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from kinsite.errors import ServiceUnavailable
 from kinsite.prompt_safety import one_line_problem
 from kinsite.views import render_partial_or_page, team_required, wants_partial
 from sessions_app import selectors, turns
-from sessions_app.context import prompt_assemble
 from sessions_app.introspection import IntrospectionDisabled, introspection_request, introspection_settings
 from sessions_app.locks import SessionBusy
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
+from sessions_app.prompt import prompt_assemble
 
 # The newest page comes first: a chat opens on its latest messages.
 MESSAGES_PER_PAGE = 50

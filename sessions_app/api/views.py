@@ -12,24 +12,23 @@ from kinsite.api.throttles import TokenRateThrottle
 from kinsite.models import Kin
 from kinsite.selectors import kin_get, kin_list
 from sessions_app import introspection, selectors, services, turns
-from sessions_app.context import PENDING_MESSAGE_ID, prompt_assemble
-from sessions_app.models import Event, IntrospectionRun, Session, Turn
-from sessions_app.tools import kin_toolset
 from sessions_app.api.serializers import (
-    IntrospectionRunSerializer,
-    MessagePostSerializer,
-    PromptPreviewQuerySerializer,
-    PromptPreviewSerializer,
-    TurnSerializer,
     HistoryHitSerializer,
     HistorySearchQuerySerializer,
     ImportResultSerializer,
     ImportSerializer,
+    IntrospectionRunSerializer,
     KinSerializer,
+    MessagePostSerializer,
     MessageSerializer,
+    PromptPreviewQuerySerializer,
+    PromptPreviewSerializer,
     SessionSerializer,
+    TurnSerializer,
 )
-
+from sessions_app.models import Event, IntrospectionRun, Session, Turn
+from sessions_app.prompt import PENDING_MESSAGE_ID, prompt_assemble
+from sessions_app.turns.tools import kin_toolset
 
 # Response envelopes, named once so the schema has one component each.
 TURN_POSTED = inline_serializer("TurnPosted", {

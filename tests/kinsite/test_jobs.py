@@ -33,8 +33,7 @@ from sessions_app.compaction import (
 )
 from sessions_app.introspection import INTROSPECTION_JOBS, introspection_request
 from sessions_app.models import CompactionRun, Event, IntrospectionRun, Summary, Turn
-from sessions_app.tasks import compact_session_task, introspect_session_task
-from sessions_app.turn_tasks import run_turn_task
+from sessions_app.tasks import compact_session_task, introspect_session_task, run_turn_task
 from sessions_app.turns import TURN_JOBS, turn_post
 from tests.consolidation.conftest import add_fact, answer
 from tests.factories import MessageFactory

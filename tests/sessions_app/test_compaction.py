@@ -24,9 +24,9 @@ from sessions_app.compaction import (
     session_compact,
     unsummarised_events,
 )
-from sessions_app.context import prompt_assemble
-from sessions_app.history import HistoryItem
 from sessions_app.models import Event, Summary
+from sessions_app.prompt import prompt_assemble
+from sessions_app.prompt.history import HistoryItem
 from sessions_app.selectors import history_search
 from sessions_app.services import ImportItem, messages_import
 from sessions_app.tasks import compact_session_task

@@ -1,4 +1,4 @@
-"""The read behind a prompt's history (sessions_app.context._history_entries): the newest
+"""The read behind a prompt's history (sessions_app.prompt.reads._history_entries): the newest
 history events after the compaction boundary that the budget could need, cut by their
 stored token counts before any row is read whole."""
 from datetime import timedelta
@@ -6,9 +6,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from sessions_app import context
-from sessions_app.context import Boundary
 from sessions_app.models import Event
+from sessions_app.prompt import reads
+from sessions_app.prompt.reads import Boundary
 from tests.factories import MessageFactory, SessionFactory, ToolCallFactory, ToolResultFactory, TurnFactory
 
 START = timezone.now() - timedelta(days=1)
@@ -20,7 +20,7 @@ def message(session, minute: int, tokens: int = 100, **kwargs):
 
 
 def read_ids(session, *, budget: int, summary: Boundary | None = None, turn_id: int | None = None) -> list[int]:
-    return list(context._history_entries(session.pk, summary, budget, turn_id))
+    return list(reads._history_entries(session.pk, summary, budget, turn_id))
 
 
 def test_a_turn_reads_no_message_posted_after_its_own(chat_session):
@@ -61,7 +61,7 @@ def test_tool_events_are_read_with_their_data(chat_session):
     result = ToolResultFactory(session=chat_session, content="[]", token_count=5,
                                created_at=START + timedelta(minutes=2), data={"tool_call_id": "c1"})
 
-    entries = list(context._history_entries(chat_session.pk, None, 10_000).values())
+    entries = list(reads._history_entries(chat_session.pk, None, 10_000).values())
 
     assert [entry.item.kind for entry in entries] == ["message", "tool_call", "tool_result"]
     assert entries[1].item.tool_call_ids == ("c1",) and entries[1].event.data["tool_calls"][0]["id"] == "c1"
@@ -86,7 +86,7 @@ def test_events_of_the_same_time_are_ordered_by_id(chat_session):
 
 def test_the_read_is_bounded_whatever_the_budget(chat_session, monkeypatch):
     events = [message(chat_session, minute, tokens=0) for minute in range(8)]
-    monkeypatch.setattr(context, "HISTORY_MAX_EVENTS", 5)
+    monkeypatch.setattr(reads, "HISTORY_MAX_EVENTS", 5)
 
     assert read_ids(chat_session, budget=10_000) == [e.pk for e in events[-5:]]
 

@@ -1,7 +1,7 @@
 """History selection (SPEC §4): newest first within the token budget, after the compaction
 boundary, newest message always, tool calls and their results kept together."""
 from kinsite.tokencount import count_tokens
-from sessions_app.history import HistoryItem, select_history
+from sessions_app.prompt.history import HistoryItem, select_history
 
 TEXTS = [
     "Can you help me plan a weekend in Lisbon?",

@@ -19,7 +19,7 @@ from sessions_app.introspection import (
     introspection_settings,
     session_introspect,
 )
-from sessions_app.introspection_tools import TOOL_NAMES
+from sessions_app.introspection.tools import TOOL_NAMES
 from sessions_app.models import Event, IntrospectionRun, Session
 from sessions_app.tasks import introspect_session_task, scan_idle_sessions_task
 from tests.factories import (

@@ -108,7 +108,7 @@ def test_the_admin_saves_overrides_in_range(client, kin):
 
 @pytest.mark.django_db
 def test_stored_out_of_range_overrides_are_ignored_when_read(team, settings):
-    from sessions_app.introspection import introspect_idle_sessions, introspection_settings
+    from sessions_app.introspection import introspection_idle_scan, introspection_settings
     from tests.factories import KinFactory
 
     settings.INTROSPECTION = {**settings.INTROSPECTION, "max_tool_calls": 10, "idle_timeout_minutes": 10}
@@ -118,4 +118,4 @@ def test_stored_out_of_range_overrides_are_ignored_when_read(team, settings):
     config = introspection_settings(kin)
 
     assert (config.max_tool_calls, config.idle_timeout_minutes, config.turn_interval) == (10, 10, 4)
-    assert introspect_idle_sessions() == []  # the idle scan of every kin still runs
+    assert introspection_idle_scan() == []  # the idle scan of every kin still runs

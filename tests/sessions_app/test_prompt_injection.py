@@ -13,7 +13,7 @@ from sessions_app.compaction import build_compaction_messages
 from sessions_app.introspection import _prompt as introspection_prompt
 from sessions_app.introspection import introspection_settings
 from sessions_app.models import Event, Summary
-from sessions_app.prompt import (
+from sessions_app.prompt.sections import (
     SECTION_TITLES,
     CurrentSource,
     KinIdentity,

@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kinsite.tokencount import count_tokens
-from sessions_app.prompt import (
+from sessions_app.prompt.sections import (
     INSTRUCTIONS,
     PLATFORM_FORMATTING,
     ConversationState,

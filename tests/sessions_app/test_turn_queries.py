@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from kinsite.tokencount import count_tokens
 from memories.models import Memory
-from sessions_app.context import prompt_assemble
 from sessions_app.models import Event, Turn
+from sessions_app.prompt import prompt_assemble
 from sessions_app.turns import turn_post
 from tests.factories import KinFactory, SessionFactory
 

@@ -67,7 +67,7 @@ Stage = Callable[[ToolContext, IntrospectionState, str, int], str]
 
 class IntrospectionTool(NamedTuple):
     schema: dict[str, Any]
-    stage: Stage  # (context, state, raw arguments, call index) -> text for the model
+    stage: Stage  # (tool_context, state, raw arguments, call index) -> text for the model
 
 
 def _staged(action: str, **extra: Any) -> str:
@@ -76,8 +76,8 @@ def _staged(action: str, **extra: Any) -> str:
 
 
 def _run_now(tool: Tool) -> Stage:
-    def stage(context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
-        return tool.handler(context, raw)
+    def stage(tool_context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
+        return tool.handler(tool_context, raw)
 
     return stage
 
@@ -85,11 +85,11 @@ def _run_now(tool: Tool) -> Stage:
 def _stage_memory_write(tool: Tool) -> Stage:
     name = tool.schema["name"]
 
-    def stage(context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
+    def stage(tool_context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
         try:
             args = check_arguments(tool.schema, raw)
             if name in ("memory_update", "memory_delete"):
-                _own_active_memory(context, args["id"])
+                _own_active_memory(tool_context, args["id"])
                 if name == "memory_update" and not set(args) - {"id", "reason"}:
                     raise ToolArgumentError("give at least one of content, category, subject, importance to change.")
         except ToolArgumentError as exc:
@@ -100,7 +100,7 @@ def _stage_memory_write(tool: Tool) -> Stage:
     return stage
 
 
-def _stage_working_memory(context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
+def _stage_working_memory(tool_context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
     try:
         args = check_arguments(WORKING_MEMORY_SCHEMA, raw)
     except ToolArgumentError as exc:
@@ -109,7 +109,7 @@ def _stage_working_memory(context: ToolContext, state: IntrospectionState, raw: 
     return _staged("working_memory_update")
 
 
-def _stage_description(context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
+def _stage_description(tool_context: ToolContext, state: IntrospectionState, raw: str, index: int) -> str:
     try:
         args = check_arguments(DESCRIPTION_SCHEMA, raw)
     except ToolArgumentError as exc:
@@ -131,7 +131,7 @@ def introspection_toolset() -> dict[str, IntrospectionTool]:
     return tools
 
 
-def memory_write_apply(context: ToolContext, write: StagedMemoryWrite) -> str:
+def memory_write_apply(tool_context: ToolContext, write: StagedMemoryWrite) -> str:
     """Run one staged memory write for real (inside the run's final transaction); the
     tool's text answer, "Error: ..." when the memory changed since it was staged."""
-    return memory_toolset("introspection")[write.name].handler(context, write.arguments)
+    return memory_toolset("introspection")[write.name].handler(tool_context, write.arguments)

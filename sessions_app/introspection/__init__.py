@@ -1,6 +1,6 @@
 """Introspection (SPEC §7): a program-triggered agent run that reads a session's raw
 events since its last run and maintains the kin's memories, the session's working
-memory and its description, through exactly six tools (introspection_tools).
+memory and its description, through exactly six tools (introspection/tools.py).
 
 The cursor lives in the event store: a run writes an introspection_start event when it
 begins and an introspection_end event (data["last_event_id"]) when it has applied its
@@ -43,7 +43,7 @@ from kinsite.tools import ToolContext
 from memories.models import Memory
 from memories.services import Actor
 from sessions_app.compaction import transcript_line
-from sessions_app.introspection_tools import (
+from sessions_app.introspection.tools import (
     DESCRIPTION_MAX_CHARS,
     IntrospectionState,
     introspection_toolset,
@@ -166,8 +166,8 @@ def introspection_after_turn(*, session: Session) -> IntrospectionRun | None:
 
 
 def idle_sessions_due(now: datetime) -> list[Session]:
-    """Sessions idle for their kin's idle_timeout_minutes that have events after their
-    cursor and no run queued or running.
+    """The idle scan's decision: sessions idle for their kin's idle_timeout_minutes that
+    have events after their cursor and no run queued or running.
 
     One query reads only sessions flagged introspection_pending whose last activity is
     older than the shortest timeout in force (the partial index session_introspection_due),
@@ -178,7 +178,7 @@ def idle_sessions_due(now: datetime) -> list[Session]:
     if not timeouts:
         return []
     due, stale = [], []
-    for session in idle_candidates(cutoff=now - timedelta(minutes=min(timeouts))):
+    for session in idle_sessions_flagged(cutoff=now - timedelta(minutes=min(timeouts))):
         config = introspection_settings(session.kin)
         if not config.enabled or config.idle_timeout_minutes <= 0:
             continue
@@ -198,9 +198,10 @@ def idle_sessions_due(now: datetime) -> list[Session]:
     return due
 
 
-def idle_candidates(*, cutoff: datetime):
-    """Flagged sessions last active at or before `cutoff` without a queued or running run:
-    a range scan of the partial index session_introspection_due. Each carries
+def idle_sessions_flagged(*, cutoff: datetime):
+    """The idle scan's query (idle_sessions_due decides among its rows): sessions flagged
+    introspection_pending, last active at or before `cutoff`, without a queued or running
+    run: a range scan of the partial index session_introspection_due. Each carries
     `cursor_event_id`, `has_new_events` and `last_failed_at`.
 
     The cursor is read from the done runs (last_event_id, written in the same transaction
@@ -236,8 +237,9 @@ def _idle_timeouts() -> list[int]:
     return sorted(timeouts)
 
 
-def introspect_idle_sessions(*, now: datetime | None = None) -> list[IntrospectionRun]:
-    """The beat task's service: request a run (trigger idle) for every due session."""
+def introspection_idle_scan(*, now: datetime | None = None) -> list[IntrospectionRun]:
+    """The idle scan, the beat task's service (scan_idle_sessions_task): request a run
+    (trigger idle) for every session idle_sessions_due finds."""
     runs = []
     for session in idle_sessions_due(now or timezone.now()):
         try:
@@ -368,7 +370,7 @@ def _run(run: IntrospectionRun) -> IntrospectionRun:
     state = IntrospectionState()
     try:
         prompt = _prompt(template, kin=kin, session=session, events=events, config=config, run=run)
-        note = _converse(run=run, session=session, prompt=prompt, state=state, config=config)
+        note = _introspection_converse(run=run, session=session, prompt=prompt, state=state, config=config)
         _apply(run=run, session=session, state=state, note=note, started=started)
     except Exception as exc:
         for call in run.tool_calls:
@@ -425,14 +427,14 @@ def _prompt(template, *, kin: Kin, session: Session, events: list[Event], config
         return template_render("introspection", template_default("introspection"), values)
 
 
-def _converse(*, run: IntrospectionRun, session: Session, prompt: str, state: IntrospectionState,
+def _introspection_converse(*, run: IntrospectionRun, session: Session, prompt: str, state: IntrospectionState,
               config: IntrospectionSettings) -> str:
     """The model/tool loop; returns the model's closing note. At most max_tool_calls tool
     calls run; then the model is asked once more, without tools, for its note."""
     kin = session.kin
     tools = introspection_toolset()
     schemas = [tool.schema for tool in tools.values()]
-    context = ToolContext(
+    tool_context = ToolContext(
         team=kin.team, kin=kin, actor=Actor(label=f"introspection_run:{run.pk}"),
         source=Memory.Source.INTROSPECTION, source_ref=f"introspection_run:{run.pk}",
     )
@@ -456,7 +458,7 @@ def _converse(*, run: IntrospectionRun, session: Session, prompt: str, state: In
                           "Finish with your note.")
             else:
                 state.calls += 1
-                output = _tool_run(tools, call, context, state, index)
+                output = _tool_run(tools, call, tool_context, state, index)
             outputs.append(output)
             run.tool_calls.append({"name": call.name, "arguments": _arguments(call.arguments), "result": output})
         capped = state.calls >= config.max_tool_calls
@@ -470,14 +472,14 @@ def _converse(*, run: IntrospectionRun, session: Session, prompt: str, state: In
         )
 
 
-def _tool_run(tools, call, context: ToolContext, state: IntrospectionState, index: int) -> str:
+def _tool_run(tools, call, tool_context: ToolContext, state: IntrospectionState, index: int) -> str:
     tool = tools.get(call.name)
     if tool is None:
         return f"Error: unknown tool {call.name!r}; the only tools are: {', '.join(tools)}."
     try:
-        output = tool.stage(context, state, call.arguments, index)
+        output = tool.stage(tool_context, state, call.arguments, index)
     except Exception as exc:  # a bug or a database hiccup in one tool: the model hears it, the run goes on
-        logger.exception("Introspection tool %s failed in run %s", call.name, context.source_ref)
+        logger.exception("Introspection tool %s failed in run %s", call.name, tool_context.source_ref)
         return f"Error: {call.name} failed ({type(exc).__name__})."
     return output if len(output) <= TOOL_RESULT_MAX_CHARS else output[:TOOL_RESULT_MAX_CHARS] + "… (cut)"
 
@@ -494,14 +496,14 @@ def _apply(*, run: IntrospectionRun, session: Session, state: IntrospectionState
     """Apply the staged changes, write the end event (the new cursor) and close the run,
     all in one transaction."""
     kin = session.kin
-    context = ToolContext(
+    tool_context = ToolContext(
         team=kin.team, kin=kin, actor=Actor(label=f"introspection_run:{run.pk}"),
         source=Memory.Source.INTROSPECTION, source_ref=f"introspection_run:{run.pk}",
     )
     with transaction.atomic():
         touched: list[dict[str, Any]] = []
         for write in state.memory_writes:
-            output = memory_write_apply(context, write)
+            output = memory_write_apply(tool_context, write)
             run.tool_calls[write.call_index]["applied"] = output
             if not output.startswith("Error:"):
                 answer = json.loads(output)

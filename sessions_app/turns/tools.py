@@ -40,9 +40,9 @@ SEARCH_HISTORY_SCHEMA: dict[str, Any] = {
 }
 
 
-def _search_history(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+def _search_history(tool_context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     limit = args.get("limit", SEARCH_HISTORY_DEFAULT_LIMIT)
-    hits = history_search(query=args["query"], limit=limit, kin=context.kin)
+    hits = history_search(query=args["query"], limit=limit, kin=tool_context.kin)
     results = [
         {
             "id": hit.pk,
@@ -78,9 +78,10 @@ RECORD_LEARNING_SCHEMA: dict[str, Any] = {
 }
 
 
-def _record_learning(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    fact = fact_record(kin=context.kin, statement=args["statement"], category=args.get("category", Fact.Category.FACT),
-                       source=Fact.Source.TOOL, source_ref=context.source_ref)
+def _record_learning(tool_context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    fact = fact_record(kin=tool_context.kin, statement=args["statement"],
+                       category=args.get("category", Fact.Category.FACT),
+                       source=Fact.Source.TOOL, source_ref=tool_context.source_ref)
     return {"status": "recorded", "fact": {"id": fact.pk, "category": fact.category, "statement": fact.statement}}
 
 
@@ -110,11 +111,11 @@ WORKFLOW_LINEAGE_SCHEMA: dict[str, Any] = {
 
 def _workflow_lineage_tool(workflow_id: int) -> Tool:
     # Bound to the session's workflow here, so ToolContext stays the same for every tool.
-    def run(context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    def run(tool_context: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
         from workflows.models import Node, Workflow
         from workflows.selectors import node_lineage, node_lineage_export
 
-        workflow = Workflow.objects.filter(pk=workflow_id, team=context.team).first()
+        workflow = Workflow.objects.filter(pk=workflow_id, team=tool_context.team).first()
         if workflow is None:
             raise ToolArgumentError("this session's workflow no longer exists.")
         try:

@@ -1,4 +1,4 @@
-"""Pure system-prompt assembly (SPEC §4): plain inputs in, ordered sections out; no database.
+"""The system prompt's sections (SPEC §4), pure: plain inputs in, ordered sections out; no database.
 
 Stored text (names, memories, the experience document, the canvas, the summary, the
 session's notes) is untrusted: it goes through kinsite.prompt_safety, so it can never
@@ -300,7 +300,7 @@ def _current_source(source: CurrentSource) -> str:
     return "\n".join(lines)
 
 
-def _context(now: datetime, timezone_name: str, platform: str) -> str:
+def _context_section(now: datetime, timezone_name: str, platform: str) -> str:
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("now must be timezone-aware")
     local = now.astimezone(ZoneInfo(timezone_name))
@@ -347,7 +347,7 @@ def build_sections(inputs: PromptInputs, *, count_tokens: Callable[[str], int]) 
         "summary": quoted(inputs.summary),
         "working_memory": _working_memory(inputs.working_memory, inputs.description),
         "current_source": _current_source(inputs.source),
-        "context": _context(now, inputs.timezone_name, inputs.source.platform),
+        "context": _context_section(now, inputs.timezone_name, inputs.source.platform),
     }
     sections = []
     for section_id, title in SECTION_TITLES.items():

@@ -1,5 +1,6 @@
 """The chat turn (SPEC §4): store the user's message, handle commands, assemble the
-prompt, call the model, run its tool calls, store the reply, schedule background work.
+prompt (sessions_app.prompt), call the model, run its tool calls (the kin's tools are
+turns/tools.py), store the reply, schedule background work (compaction, introspection).
 
 Turns of one session run one after the other, in post order (SPEC §4): whoever holds the
 session lock (sessions_app.locks), a worker's task or a sync post, runs the session's oldest
@@ -40,11 +41,11 @@ from kinsite.tools import Tool, ToolContext
 from memories.models import Memory
 from memories.services import Actor, memories_mark_retrieved
 from sessions_app.compaction import compaction_needed, compaction_request
-from sessions_app.context import prompt_assemble
 from sessions_app.introspection import IntrospectionDisabled, introspection_after_turn, introspection_request
 from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, lease_seconds, session_lock
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
-from sessions_app.tools import kin_toolset
+from sessions_app.prompt import prompt_assemble
+from sessions_app.turns.tools import kin_toolset
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ def _turn_give_up(turn: Turn) -> str | None:
 
 
 TURN_JOBS = JobKind(
-    name="turn", label="turns", model="sessions_app.Turn", task="sessions_app.turn_tasks.run_turn_task",
+    name="turn", label="turns", model="sessions_app.Turn", task="sessions_app.tasks.run_turn_task",
     stalled_after=turn_stalled_after, free=_turn_free, give_up=_turn_give_up,
     reads=("session_id", "attempts", "user_message_id"), counts_attempts=True,
 )
@@ -336,7 +337,7 @@ def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> None:
         _command_answer(turn=turn, session=session, message=message)
         return
     try:
-        _converse(turn=turn, session=session, message=message, lock=lock)
+        _turn_converse(turn=turn, session=session, message=message, lock=lock)
     except ServiceUnavailable as exc:
         # Redis went away mid-turn (the lock could not be renewed): the turn stops, and says why.
         _turn_fail(turn=turn, error=exc.message)
@@ -410,7 +411,7 @@ def _introspection_request(*, session: Session, trigger: str) -> IntrospectionRu
         return None
 
 
-def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock) -> None:
+def _turn_converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock) -> None:
     """The model/tool loop. At most KIN_MAX_TOOL_CALLS tool calls run; once they are
     used up the model is called without tools, so it has to answer."""
     kin = session.kin
@@ -423,7 +424,7 @@ def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock
     messages = list(prompt.messages)
     tools = kin_toolset(workflow_id=session.workflow_id)
     schemas = [tool.schema for tool in tools.values()]
-    context = ToolContext(
+    tool_context = ToolContext(
         team=kin.team, kin=kin, actor=Actor(label=f"kin:{kin.pk} turn:{turn.pk}"),
         source=Memory.Source.TURN, source_ref=f"event:{message.pk}",
     )
@@ -446,7 +447,7 @@ def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock
                                "Answer with what you have.")
             else:
                 turn.tool_calls += 1
-                outputs.append(_tool_run(tools, call, context))
+                outputs.append(_tool_run(tools, call, tool_context))
         capped = turn.tool_calls >= max_calls
         _tool_round_store(session=session, turn=turn, content=result.content, calls=result.tool_calls,
                           outputs=outputs, platform=message.platform)
@@ -483,7 +484,7 @@ def _converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock
         )
 
 
-def _tool_run(tools: dict[str, Tool], call: ToolCall, context: ToolContext) -> str:
+def _tool_run(tools: dict[str, Tool], call: ToolCall, tool_context: ToolContext) -> str:
     """The text answer of one tool call; unknown tools and failures become error text."""
     tool = tools.get(call.name)
     if tool is None:
@@ -491,9 +492,9 @@ def _tool_run(tools: dict[str, Tool], call: ToolCall, context: ToolContext) -> s
     try:
         # A savepoint, so a tool that fails half-way leaves no partial writes behind.
         with transaction.atomic():
-            output = tool.handler(context, call.arguments)
+            output = tool.handler(tool_context, call.arguments)
     except Exception as exc:
-        logger.exception("Tool %s failed in a turn of kin %s", call.name, context.kin.pk)
+        logger.exception("Tool %s failed in a turn of kin %s", call.name, tool_context.kin.pk)
         return f"Error: {call.name} failed ({type(exc).__name__}). Try other arguments or answer without it."
     if len(output) > TOOL_RESULT_MAX_CHARS:
         output = output[:TOOL_RESULT_MAX_CHARS] + "… (cut)"

@@ -1,9 +1,7 @@
-"""What a turn's prompt is made of, read from the database a fixed number of times
-(SPEC §4, §14): the kin, the compaction boundary, participants and counts, the
-history that fits the budget, and the relevant memories. The pure builders in
-sessions_app.prompt and sessions_app.history turn that into sections and messages;
-the chat turn and the prompt preview both go through `prompt_assemble`, so the
-preview is exactly what a turn would send."""
+"""The prompt's database reads, a fixed number of them (SPEC §4, §14): the kin, the
+compaction boundary, participants and counts, the history that fits the budget, and the
+relevant memories, handed to the pure builders (sections, history) as PromptInputs and
+history entries. Assembly is sessions_app.prompt.prompt_assemble."""
 from __future__ import annotations
 
 import json
@@ -24,9 +22,9 @@ from kinsite.prompt_safety import one_line
 from kinsite.rawsql import aware_datetime
 from kinsite.tokencount import count_tokens
 from memories.search import memory_search
-from sessions_app.history import HistoryItem, select_history
 from sessions_app.models import HISTORY_KINDS, Event, MessageCount, Session, Summary, Turn
-from sessions_app.prompt import (
+from sessions_app.prompt.history import HistoryItem, select_history
+from sessions_app.prompt.sections import (
     NAME_MAX_CHARS,
     ConversationState,
     CurrentSource,
@@ -34,10 +32,6 @@ from sessions_app.prompt import (
     MemoryItem,
     Participant,
     PromptInputs,
-    Section,
-    build_sections,
-    render_system_prompt,
-    total_tokens,
 )
 from workflows.models import Workflow
 from workflows.selectors import workflow_canvas
@@ -81,27 +75,6 @@ class HistoryEntry(NamedTuple):
     item: HistoryItem
     message: Message
     event: Event | EventRow | None
-
-
-@dataclass(frozen=True)
-class AssembledPrompt:
-    sections: list[Section]
-    history: list[HistoryEntry]
-    messages: list[Message]  # the system prompt, then the history: what the model receives
-    budget: int
-    memory_ids: list[int]  # the memories in the prompt, best first
-
-    @property
-    def system_tokens(self) -> int:
-        return total_tokens(self.sections)
-
-    @property
-    def history_tokens(self) -> int:
-        return sum(entry.item.tokens for entry in self.history)
-
-    @property
-    def total_tokens(self) -> int:
-        return self.system_tokens + self.history_tokens
 
 
 def event_as_message(event: Event | EventRow) -> Message:
@@ -436,27 +409,3 @@ def prompt_inputs_for(
         timezone_name=extras.timezone_name,
     )
     return inputs, history, budget
-
-
-def prompt_assemble(
-    *,
-    session: Session,
-    message_text: str,
-    sender: str = "",
-    platform: str = Event.Platform.API,
-    now: datetime | None = None,
-    current_event: Event | None = None,
-    turn_id: int | None = None,
-) -> AssembledPrompt:
-    """The prompt a turn sends: sections, the selected history and the messages list.
-    Only reads: the turn counts the served memories (`memory_ids`) as retrieved when it
-    stores its reply, and the preview does not count them."""
-    inputs, history, budget = prompt_inputs_for(
-        session=session, message_text=message_text, sender=sender, platform=platform, now=now,
-        current_event=current_event, turn_id=turn_id,
-    )
-    sections = build_sections(inputs, count_tokens=count_tokens)
-    messages: list[Message] = [{"role": "system", "content": render_system_prompt(sections)}]
-    messages.extend(entry.message for entry in history)
-    return AssembledPrompt(sections=sections, history=history, messages=messages, budget=budget,
-                           memory_ids=[memory.id for memory in inputs.memories])
