@@ -24,7 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    ROOT, MachineWatch, ThrowawayDatabase, database_version, machine_state_line, percentile,
+    ROOT,
+    MachineWatch,
+    ThrowawayDatabase,
+    database_version,
+    machine_state_line,
+    percentile,
 )
 from bench.synthetic import PEOPLE, message_text  # noqa: E402
 

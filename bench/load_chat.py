@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, RESULTS_DIR, ThrowawayDatabase, latency_summary, write_results  # noqa: E402
+from bench.common import RESULTS_DIR, ROOT, ThrowawayDatabase, latency_summary, write_results  # noqa: E402
 
 DEFAULT_DATABASE = "kinsite_bench_load"
 STARTUP_SECONDS = 60

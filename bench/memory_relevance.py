@@ -21,10 +21,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    RESULTS_DIR, ROOT, ThrowawayDatabase, database_version, latency_summary, write_results,
+    RESULTS_DIR,
+    ROOT,
+    ThrowawayDatabase,
+    database_version,
+    latency_summary,
+    write_results,
 )
 from bench.history_search import (  # noqa: E402
-    CATEGORIES, conversation_turns, evidence_ids, load_conversations, parse_session_time,
+    CATEGORIES,
+    conversation_turns,
+    evidence_ids,
+    load_conversations,
+    parse_session_time,
 )
 from bench.synthetic import PEOPLE, sentence  # noqa: E402
 
@@ -118,8 +127,7 @@ class CandidateCounter:
         from django.db import connection
 
         from kinsite.textsearch import query_terms
-        from memories.search import candidates as search_candidates
-        from memories.search import postgres
+        from memories.search import candidates as search_candidates, postgres
 
         if question not in self.lexemes:
             with connection.cursor() as cursor:
@@ -284,8 +292,7 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
 
 def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs, default) -> dict:
     """Every question under the setting in force; figures of this setting."""
-    from memories.search import candidates as search_candidates
-    from memories.search import memory_search, postgres
+    from memories.search import candidates as search_candidates, memory_search, postgres
 
     rows, latencies, candidates = [], [], []
     by_category, by_conversation = defaultdict(list), defaultdict(list)

@@ -1,6 +1,6 @@
 """The nightly consolidation (SPEC §8, §12): a beat entry every 15 minutes whose task
 consolidates each kin with pending facts once per night, at 02:00 in its team's time zone."""
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -22,7 +22,7 @@ from kinsite.celery import app
 from tests.consolidation.conftest import add_fact, answer, runs_of
 from tests.factories import KinFactory, TeamFactory
 
-UTC = dt_timezone.utc
+UTC = UTC
 
 
 def at(*args) -> datetime:

@@ -9,8 +9,8 @@ from django.db import connection
 
 from bench.common import write_results
 from bench.memory_relevance import DATA_DIR, conversation_turns, load_conversations, run
-from memories.search import postgres
 from memories.models import Memory
+from memories.search import postgres
 
 FILLER = 300
 QUESTIONS = 20
@@ -36,7 +36,7 @@ def figures(conversation):
     figures = run(conversations=1, questions_per_conversation=QUESTIONS, filler=FILLER,
                   shares=[defaults[0]], min_docs=[defaults[1]])
     # The grid changes the search's module constants; they must be back afterwards.
-    assert (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS) == defaults
+    assert defaults == (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
     return figures
 
 

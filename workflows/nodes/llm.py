@@ -8,7 +8,16 @@ import re
 from collections.abc import Callable
 
 from workflows.nodes.base import (
-    NodeError, NodeType, Param, RunContext, Record, concat, fields_of, get_field, quote, shorten,
+    NodeError,
+    NodeType,
+    Param,
+    Record,
+    RunContext,
+    concat,
+    fields_of,
+    get_field,
+    quote,
+    shorten,
 )
 from workflows.nodes.filtering import OPS, apply_conditions, check_conditions, describe_conditions
 

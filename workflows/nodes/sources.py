@@ -4,7 +4,7 @@ from __future__ import annotations
 import csv
 import io
 
-from workflows.nodes.base import NodeError, NodeType, Param, RunContext, Record, fields_of, names, plural
+from workflows.nodes.base import NodeError, NodeType, Param, Record, RunContext, fields_of, names, plural
 
 INLINE_MAX_RECORDS = 10_000
 CSV_MAX_CHARS = 5 * 1024 * 1024
