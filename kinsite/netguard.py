@@ -66,9 +66,9 @@ class Policy:
                 continue
             try:
                 networks.append(ipaddress.ip_network(entry, strict=False))
-            except ValueError:
+            except ValueError as exc:
                 if "/" in entry:  # meant as a network; better loud than silently matching nothing
-                    raise ValueError(f"{entry!r} is neither a host name nor an IP network.")
+                    raise ValueError(f"{entry!r} is neither a host name nor an IP network.") from exc
                 names.add(_normal_name(entry))
         return cls(frozenset(names), tuple(networks), allow_private)
 
@@ -121,7 +121,7 @@ def fetch(url: str, *, policy: Policy, timeout: float, max_bytes: int, max_redir
             try:
                 current = str(target.join(location))
             except httpx.InvalidURL as exc:
-                raise FetchError(f"{target} redirected to an invalid URL: {exc}")
+                raise FetchError(f"{target} redirected to an invalid URL: {exc}") from exc
             continue
         if not 200 <= status < 300:
             raise FetchError(f"{target} answered HTTP {status}")
@@ -265,7 +265,7 @@ def _get(url: httpx.URL, addresses: list[str], deadline: float, max_bytes: int, 
                 return response.status, None, bytes(body)
     except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError,
             httpcore.UnsupportedProtocol, OSError) as exc:
-        raise FetchError(f"{url} via {', '.join(addresses)}: {type(exc).__name__}: {exc}")
+        raise FetchError(f"{url} via {', '.join(addresses)}: {type(exc).__name__}: {exc}") from exc
 
 
 class _PinnedBackend(httpcore.NetworkBackend):

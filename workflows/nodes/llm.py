@@ -158,8 +158,8 @@ def _generated_conditions(ctx: RunContext, config: dict, records: list[Record]) 
     )
     try:
         answer = result.json()
-    except ValueError:
-        raise NodeError("The model's answer was not JSON.")
+    except ValueError as exc:
+        raise NodeError("The model's answer was not JSON.") from exc
     if not isinstance(answer, dict):
         raise NodeError("The model's answer was not a JSON object of conditions.")
     combine = answer.get("combine") or "and"

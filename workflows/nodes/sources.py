@@ -60,7 +60,7 @@ class CsvUpload(NodeType):
         try:
             return [{key: value for key, value in row.items() if key is not None} for row in reader]
         except csv.Error as exc:
-            raise NodeError(f"The CSV could not be parsed: {exc}.")
+            raise NodeError(f"The CSV could not be parsed: {exc}.") from exc
 
     def describe(self, config: dict) -> str:
         text = config.get("csv") or ""

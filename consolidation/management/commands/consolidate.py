@@ -71,19 +71,19 @@ class Command(BaseCommand):
             try:
                 body = Path(template).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
-                raise CommandError(f"Cannot read the template {template}: {exc}")
+                raise CommandError(f"Cannot read the template {template}: {exc}") from exc
         answerer = shell_answerer(llm, settings.CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS) if llm else None
         try:
             run = consolidation_run(kin=kin_row, trigger=ConsolidationRun.Trigger.COMMAND, template_body=body,
                                     max_words=max_words, prepare=prepare, llm=answerer)
         except TemplateError as exc:
-            raise CommandError(f"{exc.message}\n" + "\n".join(f"  - {error}" for error in exc.errors))
+            raise CommandError(f"{exc.message}\n" + "\n".join(f"  - {error}" for error in exc.errors)) from exc
         except NothingToConsolidate as exc:
             # Not a failure: the kin is up to date (a script or cron job can go on).
             self.stdout.write(exc.message)
             return
         except KinsiteError as exc:
-            raise CommandError(exc.message)
+            raise CommandError(exc.message) from exc
 
         if run.status == ConsolidationRun.Status.PREPARED:
             self.stdout.write(run.rendered_prompt)
