@@ -129,7 +129,7 @@ def machine_state(before: list[int] | None, after: list[int] | None) -> dict:
     stolen by the hypervisor; percentages of all cores' time."""
     if not before or not after:
         return {}
-    delta = [b - a for a, b in zip(before, after)]
+    delta = [b - a for a, b in zip(before, after, strict=True)]
     total = sum(delta[:8]) or 1
     idle = delta[3] + delta[4]
     steal = delta[7] if len(delta) > 7 else 0

@@ -97,7 +97,7 @@ def load_conversation(*, team, conversation_id: str, conversation: dict, filler:
     # bulk_create stamps updated_at (auto_now) with the present; bulk_update and update()
     # do not, so the real dates go in afterwards. Turns: their LoCoMo time. Filler: the
     # start of a random session of the same conversation, so it is neither newer nor older.
-    for row, turn in zip(turn_rows, turns):
+    for row, turn in zip(turn_rows, turns, strict=True):
         row.updated_at = datetime.fromisoformat(turn["created_at"])
     Memory.objects.bulk_update(turn_rows, ["updated_at"], batch_size=500)
     session_starts = [parse_session_time(conversation[key]) for key in sorted(conversation)
@@ -107,7 +107,7 @@ def load_conversation(*, team, conversation_id: str, conversation: dict, filler:
         filler_by_date[rng.choice(session_starts)].append(row.pk)
     for moment, ids in filler_by_date.items():
         Memory.objects.filter(pk__in=ids).update(updated_at=moment)
-    return kin, {turn["external_id"]: row.pk for row, turn in zip(turn_rows, turns)}
+    return kin, {turn["external_id"]: row.pk for row, turn in zip(turn_rows, turns, strict=True)}
 
 
 # --- candidates (PostgreSQL) ------------------------------------------------------------------
@@ -263,7 +263,7 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
     if exhaustive is not None:
         for result in results:
             # Positions in answer_key of the questions whose recall@10 differs from the baseline's.
-            pairs = list(enumerate(zip(result["per_question_recall"], exhaustive["per_question_recall"])))
+            pairs = list(enumerate(zip(result["per_question_recall"], exhaustive["per_question_recall"], strict=True)))
             result["worse_than_exhaustive"] = [index for index, (ours, theirs) in pairs if ours < theirs]
             result["better_than_exhaustive"] = [index for index, (ours, theirs) in pairs if ours > theirs]
     for result in results:

@@ -113,7 +113,7 @@ def canvas_text(*, workflow_name: str, graph: GraphInfo, describe: Callable[[Nod
     tail = [f"{_plural(left_out, 'more terminal node')} not narrated here (use workflow_lineage)."] if left_out else []
     headers = [_terminal_header(node) for node in shown]
     room = max_chars - _length(lines) - _length(tail) - _length(headers) + 1
-    for index, (node, header) in enumerate(zip(shown, headers)):
+    for index, (node, header) in enumerate(zip(shown, headers, strict=True)):
         share = room // (len(shown) - index) - 1
         lines.append(header)
         if share > 0:

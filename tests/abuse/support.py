@@ -364,7 +364,7 @@ def snapshot() -> dict[str, str | None]:
     labels, sql = _snapshot_query()
     with connection.cursor() as cursor:
         cursor.execute(sql)
-        return dict(zip(labels, cursor.fetchone()))
+        return dict(zip(labels, cursor.fetchone(), strict=True))
 
 
 def assert_unchanged(before: dict, context: str = "", *, ignore: tuple[str, ...] = ()) -> None:

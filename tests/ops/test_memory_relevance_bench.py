@@ -49,7 +49,7 @@ def test_answer_key_points_at_the_cited_turns(figures, conversation):
         assert question["category"] != "adversarial"
         assert len(question["evidence"]) == len(question["evidence_memory_ids"]) >= 1
         memories = Memory.objects.in_bulk(question["evidence_memory_ids"])
-        for dia_id, memory_id in zip(question["evidence"], question["evidence_memory_ids"]):
+        for dia_id, memory_id in zip(question["evidence"], question["evidence_memory_ids"], strict=True):
             turn = turns[dia_id]
             memory = memories[memory_id]
             assert memory.content == f"{turn['sender']}: {turn['content']}"
