@@ -207,7 +207,8 @@ def profile(session, incoming) -> dict:
 
         @contextmanager
         def around():
-            with CaptureQueriesContext(connection) as captured, instrumented(watch, queries):
+            # Used by assemble_turn within this iteration, so the loop variables are the current ones.
+            with CaptureQueriesContext(connection) as captured, instrumented(watch, queries):  # noqa: B023
                 yield
             query_counts.append(len(captured.captured_queries))
 

@@ -562,7 +562,7 @@ def _ask(*, run: ConsolidationRun, kin: Kin, snapshot: _Snapshot, llm: PromptAns
     Each answer is saved on the run as it comes (raw_answers), with the reasons of the
     latest rejected one (validation_errors; on an applied run: why the first was retried)."""
     messages = [{"role": "system", "content": CONSOLIDATION_SYSTEM}, {"role": "user", "content": snapshot.prompt}]
-    for attempt in range(2):
+    for _attempt in range(2):
         raw = _answer(run=run, kin=kin, messages=messages, llm=llm)
         answer, reasons = answer_validate(
             raw, sections=snapshot.sections, max_words=run.max_words,

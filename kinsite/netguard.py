@@ -246,23 +246,25 @@ def _get(url: httpx.URL, addresses: list[str], deadline: float, max_bytes: int, 
     ]
     backend = _PinnedBackend(addresses, deadline)
     try:
-        with httpcore.ConnectionPool(ssl_context=ssl_context, network_backend=backend, max_connections=1) as pool:
-            with pool.stream(b"GET", request_url, headers=request_headers) as response:
-                response_headers = {name.lower(): value for name, value in response.headers}
-                if response.status in REDIRECT_STATUSES:
-                    location = response_headers.get(b"location")
-                    return response.status, location.decode("latin-1") if location else None, b""
-                if not 200 <= response.status < 300:
-                    return response.status, None, b""
-                announced = response_headers.get(b"content-length", b"")
-                if announced.isdigit() and int(announced) > max_bytes:
-                    raise FetchError(f"{url} announced {int(announced)} bytes; the limit is {max_bytes}")
-                body = bytearray()
-                for chunk in response.iter_stream():
-                    body.extend(chunk)
-                    if len(body) > max_bytes:
-                        raise FetchError(f"{url} sent more than {max_bytes} bytes")
-                return response.status, None, bytes(body)
+        with (
+            httpcore.ConnectionPool(ssl_context=ssl_context, network_backend=backend, max_connections=1) as pool,
+            pool.stream(b"GET", request_url, headers=request_headers) as response,
+        ):
+            response_headers = {name.lower(): value for name, value in response.headers}
+            if response.status in REDIRECT_STATUSES:
+                location = response_headers.get(b"location")
+                return response.status, location.decode("latin-1") if location else None, b""
+            if not 200 <= response.status < 300:
+                return response.status, None, b""
+            announced = response_headers.get(b"content-length", b"")
+            if announced.isdigit() and int(announced) > max_bytes:
+                raise FetchError(f"{url} announced {int(announced)} bytes; the limit is {max_bytes}")
+            body = bytearray()
+            for chunk in response.iter_stream():
+                body.extend(chunk)
+                if len(body) > max_bytes:
+                    raise FetchError(f"{url} sent more than {max_bytes} bytes")
+            return response.status, None, bytes(body)
     except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError,
             httpcore.UnsupportedProtocol, OSError) as exc:
         raise FetchError(f"{url} via {', '.join(addresses)}: {type(exc).__name__}: {exc}") from exc
