@@ -154,7 +154,8 @@ class MachineWatch:
 def machine_state_line(state: dict) -> str:
     speed = state["python_speed_ms"]
     return (f"machine speed: python workload {speed['before']} ms before timing, {speed['after']} ms after "
-            f"(lower is faster); CPU busy {state.get('busy_percent', '?')} %, stolen {state.get('steal_percent', '?')} %")
+            f"(lower is faster); CPU busy {state.get('busy_percent', '?')} %, "
+            f"stolen {state.get('steal_percent', '?')} %")
 
 
 def machine() -> dict:

@@ -189,7 +189,9 @@ def wait_for_web(processes: Processes, base: str) -> dict:
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            raise SystemExit(f"gunicorn did not answer /healthz in {STARTUP_SECONDS} s:\n{processes.log('web')[-3000:]}")
+            raise SystemExit(
+                f"gunicorn did not answer /healthz in {STARTUP_SECONDS} s:\n{processes.log('web')[-3000:]}"
+            )
         time.sleep(0.2)
 
 

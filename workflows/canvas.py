@@ -92,7 +92,9 @@ def canvas_text(*, workflow_name: str, graph: GraphInfo, describe: Callable[[Nod
     then the inventory is cut to its first lines plus a count of the rest by status, then
     fewer terminal nodes are narrated (the others are counted in one line)."""
     nodes = graph.nodes
-    title = f'Workflow "{name_text(workflow_name)}" ({_plural(len(nodes), "node")}, {_plural(len(graph.edges), "edge")}).'
+    title = (
+        f'Workflow "{name_text(workflow_name)}" ({_plural(len(nodes), "node")}, {_plural(len(graph.edges), "edge")}).'
+    )
     if not nodes:
         return _fit([title + " It has no nodes yet."], max_chars)
     title += " Nodes:"

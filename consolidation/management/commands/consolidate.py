@@ -54,7 +54,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--kin", type=int, required=True, help="the kin's id")
-        parser.add_argument("--template", help="a file with the consolidation template to use (else kin → team → default)")
+        parser.add_argument(
+            "--template", help="a file with the consolidation template to use (else kin → team → default)"
+        )
         parser.add_argument("--max-words", type=int, help=f"word limit (default {settings.CONSOLIDATION_MAX_WORDS})")
         parser.add_argument("--prepare", action="store_true", help="render and print the prompt; call no model")
         parser.add_argument("--llm", metavar="COMMAND",
