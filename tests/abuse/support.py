@@ -312,7 +312,9 @@ def seed_team(team, *, secret: str, user=None) -> Seeded:
     session = SessionFactory(kin=kin, title=f"Session {secret}")
     message = MessageFactory(session=session, content=f"The {secret} plan is due in May.", external_id=f"{secret}-1")
     turn = TurnFactory(session=session, user_message=message, status=Turn.Status.DONE)
-    memory = MemoryFactory(team=team, kin=kin, content=f"The {secret} plan is due in May.", category=Memory.Category.FACT)
+    memory = MemoryFactory(
+        team=team, kin=kin, content=f"The {secret} plan is due in May.", category=Memory.Category.FACT
+    )
     MemoryChangeFactory(memory=memory, action=MemoryChange.Action.ADD, after={"content": memory.content}, actor="test")
     FactFactory(kin=kin, statement=f"The {secret} fact.", source=Fact.Source.API)
     run = ConsolidationRunFactory(kin=kin, trigger="api", status="applied", summary_of_changes=secret)

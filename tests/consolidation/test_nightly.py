@@ -34,7 +34,9 @@ def backdate(kin, days=2):
 
 
 def test_the_nightly_task_is_in_the_beat_schedule_every_15_minutes():
-    [entry] = [e for e in app.conf.beat_schedule.values() if e["task"] == "consolidation.tasks.consolidate_nightly_task"]
+    [entry] = [
+        e for e in app.conf.beat_schedule.values() if e["task"] == "consolidation.tasks.consolidate_nightly_task"
+    ]
     assert entry["schedule"] == crontab(minute="*/15")
     assert consolidate_nightly_task.name == "consolidation.tasks.consolidate_nightly_task"
 
