@@ -129,7 +129,7 @@ def machine_state(before: list[int] | None, after: list[int] | None) -> dict:
     stolen by the hypervisor; percentages of all cores' time."""
     if not before or not after:
         return {}
-    delta = [b - a for a, b in zip(before, after)]
+    delta = [b - a for a, b in zip(before, after, strict=True)]
     total = sum(delta[:8]) or 1
     idle = delta[3] + delta[4]
     steal = delta[7] if len(delta) > 7 else 0
@@ -154,7 +154,8 @@ class MachineWatch:
 def machine_state_line(state: dict) -> str:
     speed = state["python_speed_ms"]
     return (f"machine speed: python workload {speed['before']} ms before timing, {speed['after']} ms after "
-            f"(lower is faster); CPU busy {state.get('busy_percent', '?')} %, stolen {state.get('steal_percent', '?')} %")
+            f"(lower is faster); CPU busy {state.get('busy_percent', '?')} %, "
+            f"stolen {state.get('steal_percent', '?')} %")
 
 
 def machine() -> dict:

@@ -19,12 +19,18 @@ import sys
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    ROOT, MachineWatch, ThrowawayDatabase, database_version, machine_state_line, percentile,
+    ROOT,
+    MachineWatch,
+    ThrowawayDatabase,
+    database_version,
+    machine_state_line,
+    percentile,
 )
 from bench.synthetic import PEOPLE, message_text  # noqa: E402
 
@@ -95,7 +101,7 @@ def filler_turns(turns: list[dict], count: int, rng: random.Random) -> list[dict
     times = [datetime.fromisoformat(turn["created_at"]) for turn in turns]
     # A LoCoMo session is a run of turns TURN_SPACING apart; filler stays out of each run.
     windows, start = [], times[0]
-    for previous, current in zip(times, times[1:]):
+    for previous, current in pairwise(times):
         if current - previous != TURN_SPACING:
             windows.append((start, previous))
             start = current

@@ -51,7 +51,7 @@ def populate(*, sessions: int, due: int, active_flagged: int) -> dict:
             for i in range(start, min(start + BATCH, sessions))
         ]
         created = Session.objects.bulk_create(rows)
-        due_ids.extend(s.pk for s, i in zip(created, range(start, sessions)) if kinds[i] == "due")
+        due_ids.extend(s.pk for s, i in zip(created, range(start, sessions), strict=False) if kinds[i] == "due")
     Event.objects.bulk_create([
         Event(session_id=session_id, content="something worth remembering", sender="Maria", token_count=4,
               created_at=now - timedelta(minutes=30))

@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, RESULTS_DIR, ThrowawayDatabase, latency_summary, write_results  # noqa: E402
+from bench.common import RESULTS_DIR, ROOT, ThrowawayDatabase, latency_summary, write_results  # noqa: E402
 
 DEFAULT_DATABASE = "kinsite_bench_load"
 STARTUP_SECONDS = 60
@@ -189,7 +189,9 @@ def wait_for_web(processes: Processes, base: str) -> dict:
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            raise SystemExit(f"gunicorn did not answer /healthz in {STARTUP_SECONDS} s:\n{processes.log('web')[-3000:]}")
+            raise SystemExit(
+                f"gunicorn did not answer /healthz in {STARTUP_SECONDS} s:\n{processes.log('web')[-3000:]}"
+            )
         time.sleep(0.2)
 
 

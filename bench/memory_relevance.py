@@ -21,10 +21,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    RESULTS_DIR, ROOT, ThrowawayDatabase, database_version, latency_summary, write_results,
+    RESULTS_DIR,
+    ROOT,
+    ThrowawayDatabase,
+    database_version,
+    latency_summary,
+    write_results,
 )
 from bench.history_search import (  # noqa: E402
-    CATEGORIES, conversation_turns, evidence_ids, load_conversations, parse_session_time,
+    CATEGORIES,
+    conversation_turns,
+    evidence_ids,
+    load_conversations,
+    parse_session_time,
 )
 from bench.synthetic import PEOPLE, sentence  # noqa: E402
 
@@ -88,7 +97,7 @@ def load_conversation(*, team, conversation_id: str, conversation: dict, filler:
     # bulk_create stamps updated_at (auto_now) with the present; bulk_update and update()
     # do not, so the real dates go in afterwards. Turns: their LoCoMo time. Filler: the
     # start of a random session of the same conversation, so it is neither newer nor older.
-    for row, turn in zip(turn_rows, turns):
+    for row, turn in zip(turn_rows, turns, strict=True):
         row.updated_at = datetime.fromisoformat(turn["created_at"])
     Memory.objects.bulk_update(turn_rows, ["updated_at"], batch_size=500)
     session_starts = [parse_session_time(conversation[key]) for key in sorted(conversation)
@@ -98,7 +107,7 @@ def load_conversation(*, team, conversation_id: str, conversation: dict, filler:
         filler_by_date[rng.choice(session_starts)].append(row.pk)
     for moment, ids in filler_by_date.items():
         Memory.objects.filter(pk__in=ids).update(updated_at=moment)
-    return kin, {turn["external_id"]: row.pk for row, turn in zip(turn_rows, turns)}
+    return kin, {turn["external_id"]: row.pk for row, turn in zip(turn_rows, turns, strict=True)}
 
 
 # --- candidates (PostgreSQL) ------------------------------------------------------------------
@@ -118,8 +127,7 @@ class CandidateCounter:
         from django.db import connection
 
         from kinsite.textsearch import query_terms
-        from memories.search import candidates as search_candidates
-        from memories.search import postgres
+        from memories.search import candidates as search_candidates, postgres
 
         if question not in self.lexemes:
             with connection.cursor() as cursor:
@@ -255,7 +263,7 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
     if exhaustive is not None:
         for result in results:
             # Positions in answer_key of the questions whose recall@10 differs from the baseline's.
-            pairs = list(enumerate(zip(result["per_question_recall"], exhaustive["per_question_recall"])))
+            pairs = list(enumerate(zip(result["per_question_recall"], exhaustive["per_question_recall"], strict=True)))
             result["worse_than_exhaustive"] = [index for index, (ours, theirs) in pairs if ours < theirs]
             result["better_than_exhaustive"] = [index for index, (ours, theirs) in pairs if ours > theirs]
     for result in results:
@@ -284,8 +292,7 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
 
 def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs, default) -> dict:
     """Every question under the setting in force; figures of this setting."""
-    from memories.search import candidates as search_candidates
-    from memories.search import memory_search, postgres
+    from memories.search import candidates as search_candidates, memory_search, postgres
 
     rows, latencies, candidates = [], [], []
     by_category, by_conversation = defaultdict(list), defaultdict(list)

@@ -14,7 +14,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    MachineWatch, ThrowawayDatabase, database_version, latency_summary, machine_state_line, write_results,
+    MachineWatch,
+    ThrowawayDatabase,
+    database_version,
+    latency_summary,
+    machine_state_line,
+    write_results,
 )
 from bench.synthetic import memories_populate, sentence  # noqa: E402
 

@@ -20,7 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    MachineWatch, ThrowawayDatabase, database_version, latency_summary, machine_state_line, write_results,
+    MachineWatch,
+    ThrowawayDatabase,
+    database_version,
+    latency_summary,
+    machine_state_line,
+    write_results,
 )
 from bench.synthetic import SESSION_USERS, memories_populate, message_text, session_populate  # noqa: E402
 
@@ -204,7 +209,8 @@ def profile(session, incoming) -> dict:
 
         @contextmanager
         def around():
-            with CaptureQueriesContext(connection) as captured, instrumented(watch, queries):
+            # Used by assemble_turn within this iteration, so the loop variables are the current ones.
+            with CaptureQueriesContext(connection) as captured, instrumented(watch, queries):  # noqa: B023
                 yield
             query_counts.append(len(captured.captured_queries))
 
@@ -308,8 +314,10 @@ def run(*, kins: int, per_kin: int, messages: int, assemblies: int, profile_runs
     gc.collect()
     gc.freeze()
     rng = random.Random(seed + 3)
-    incoming = [(message_text(rng, min_words=INCOMING_WORDS[0], max_words=INCOMING_WORDS[1]), *rng.choice(SESSION_USERS))
-                for _ in range(assemblies)]
+    incoming = [
+        (message_text(rng, min_words=INCOMING_WORDS[0], max_words=INCOMING_WORDS[1]), *rng.choice(SESSION_USERS))
+        for _ in range(assemblies)
+    ]
 
     figures = {
         "database_version": database_version(connection),
@@ -357,7 +365,8 @@ def report(figures: dict) -> None:
             continue
         latency, sizes = figures[mode]["latency"], figures[mode]["sizes"]
         print(f"  {mode:<8} {latency['p50_ms']:>7} {latency['p95_ms']:>7} {latency['p99_ms']:>7} "
-              f"{latency['max_ms']:>7} {figures[mode]['queries']:>7}  {sizes['system_tokens']['mean']:>10} {sizes['history_messages']['mean']:>12} "
+              f"{latency['max_ms']:>7} {figures[mode]['queries']:>7}  "
+              f"{sizes['system_tokens']['mean']:>10} {sizes['history_messages']['mean']:>12} "
               f"{sizes['history_tokens']['mean']:>11}")
     if "met" in figures["target"]:
         print(f"  target (turn, PostgreSQL): p50 ≤ {TARGET_P50_MS:g} ms, p99 ≤ {TARGET_P99_MS:g} ms — "
@@ -370,7 +379,8 @@ def report(figures: dict) -> None:
         print(f"  where the time goes ({profiled['runs']} instrumented turn assemblies, "
               f"p50 {profiled['total']['p50_ms']} ms with the instruments):")
         for part in profiled["breakdown"]:
-            print(f"    {part['mean_ms']:>7.2f} ms mean  {part['p50_ms']:>7.2f} ms p50  {'   ' * part['level']}{part['part']}")
+            print(f"    {part['mean_ms']:>7.2f} ms mean  {part['p50_ms']:>7.2f} ms p50  "
+                  f"{'   ' * part['level']}{part['part']}")
     for plan in figures.get("explain", []):
         print(f"\n  -- {plan['kind']} ({plan['ms']} ms): {plan['sql'][:300]}")
         print("\n".join("     " + line for line in plan["plan"].splitlines()))

@@ -31,7 +31,9 @@ class Fact(models.Model):
     # Which writer: "introspection_run:12", "event:345", "token:ks_ab12cd", "user:maria".
     source_ref = models.CharField(max_length=200, blank=True)
     # The memory this fact records (introspection and tool facts), so supersession reaches it.
-    memory = models.ForeignKey("memories.Memory", null=True, blank=True, on_delete=models.SET_NULL, related_name="facts")
+    memory = models.ForeignKey(
+        "memories.Memory", null=True, blank=True, on_delete=models.SET_NULL, related_name="facts"
+    )
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.ACTIVE)
     is_consolidated = models.BooleanField(default=False)
     consolidated_by_run = models.ForeignKey(
@@ -81,7 +83,9 @@ class ConsolidationRun(models.Model):
     # The local date (team time zone) a nightly run is for; one nightly run per kin and night.
     night = models.DateField(null=True, blank=True)
     template_source = models.CharField(max_length=10, blank=True)  # explicit | kin | team | default
-    template = models.ForeignKey("kinsite.PromptTemplate", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    template = models.ForeignKey(
+        "kinsite.PromptTemplate", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     max_words = models.PositiveIntegerField(default=1200)
     rendered_prompt = models.TextField(blank=True)
     # Every model answer, in order (the first, then the corrective retry's).

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import Q, QuerySet
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from kinsite.errors import NotFound

@@ -553,16 +553,19 @@ def _start(*, kin: Kin, trigger: str, night: date | None, snapshot: _Snapshot, m
             )
     except IntegrityError:
         raise NightAlreadyConsolidated(
-            f"Kin {kin.pk} already has its nightly consolidation for {night}.", details={"kin": kin.pk, "night": str(night)}
+            f"Kin {kin.pk} already has its nightly consolidation for {night}.",
+            details={"kin": kin.pk, "night": str(night)},
         ) from None
 
 
-def _ask(*, run: ConsolidationRun, kin: Kin, snapshot: _Snapshot, llm: PromptAnswerer | None) -> ConsolidationAnswer | None:
+def _ask(
+    *, run: ConsolidationRun, kin: Kin, snapshot: _Snapshot, llm: PromptAnswerer | None
+) -> ConsolidationAnswer | None:
     """Ask the model, validate, retry once with the reasons; the valid answer or None.
     Each answer is saved on the run as it comes (raw_answers), with the reasons of the
     latest rejected one (validation_errors; on an applied run: why the first was retried)."""
     messages = [{"role": "system", "content": CONSOLIDATION_SYSTEM}, {"role": "user", "content": snapshot.prompt}]
-    for attempt in range(2):
+    for _attempt in range(2):
         raw = _answer(run=run, kin=kin, messages=messages, llm=llm)
         answer, reasons = answer_validate(
             raw, sections=snapshot.sections, max_words=run.max_words,
@@ -578,7 +581,10 @@ def _ask(*, run: ConsolidationRun, kin: Kin, snapshot: _Snapshot, llm: PromptAns
         )
         if answer is not None:
             return answer
-        messages += [{"role": "assistant", "content": raw}, {"role": "user", "content": correction_prompt(raw, reasons)}]
+        messages += [
+            {"role": "assistant", "content": raw},
+            {"role": "user", "content": correction_prompt(raw, reasons)},
+        ]
     return None
 
 
@@ -626,7 +632,9 @@ def _elapsed_ms(started: float) -> int:
 
 
 @transaction.atomic
-def consolidation_apply(*, run: ConsolidationRun, answer: ConsolidationAnswer, duration_ms: int = 0) -> ConsolidationRun:
+def consolidation_apply(
+    *, run: ConsolidationRun, answer: ConsolidationAnswer, duration_ms: int = 0
+) -> ConsolidationRun:
     """Apply a validated answer, all or nothing: the new document version, processed facts
     marked consolidated, superseded facts marked superseded (and the memories they came
     from, unless a fact still in force records the same memory), and the run closed."""
@@ -654,7 +662,9 @@ def consolidation_apply(*, run: ConsolidationRun, answer: ConsolidationAnswer, d
     for memory in Memory.objects.filter(pk__in=memory_ids - still_recorded, status=Memory.Status.ACTIVE):
         memory_supersede(memory=memory, actor=actor, reason=reason)
 
-    previous = ExperienceVersion.objects.filter(kin_id=kin_id).order_by("-version").values_list("version", flat=True).first()
+    previous = (
+        ExperienceVersion.objects.filter(kin_id=kin_id).order_by("-version").values_list("version", flat=True).first()
+    )
     version = ExperienceVersion.objects.create(
         kin_id=kin_id, version=(previous or 0) + 1, markdown=answer.markdown, word_count=answer.word_count, run=run
     )

@@ -23,10 +23,10 @@ def consolidate_kin_task(self, run_id: int) -> int | None:
     the run is gone). A second delivery finds the run claimed or done and does nothing."""
     try:
         run = consolidation_run_requested(run_id=run_id)
-    except ConsolidationBusy:
+    except ConsolidationBusy as exc:
         if not self.request.is_eager and self.request.retries < self.max_retries:
             # Another run of the kin is going (or this very run, delivered twice): look again later.
-            raise self.retry(countdown=BUSY_RETRY_SECONDS)
+            raise self.retry(countdown=BUSY_RETRY_SECONDS) from exc
         logger.info("Consolidation run %s skipped: another consolidation of its kin was in progress.", run_id)
         run = consolidation_skip(run_id=run_id, reason="Another consolidation of the kin was in progress.")
     return run.pk if run else None

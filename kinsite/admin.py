@@ -118,7 +118,10 @@ class ApiTokenAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
 
 @admin.register(LLMCall)
 class LLMCallAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["created_at", "team", "kin", "purpose", "provider", "model", "tokens_in", "tokens_out", "latency_ms", "attempts", "status"]
+    list_display = [
+        "created_at", "team", "kin", "purpose", "provider", "model", "tokens_in", "tokens_out", "latency_ms",
+        "attempts", "status",
+    ]
     list_filter = ["status", "purpose", "provider"]
     search_fields = ["model", "error"]
     date_hierarchy = "created_at"

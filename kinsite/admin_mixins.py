@@ -68,6 +68,7 @@ def user_manageable_by(target, editor) -> bool:
     if target.is_superuser:
         return False
     from django.contrib.auth.models import Permission
+
     from kinsite.models import Membership
 
     if Membership.objects.filter(user=target).exclude(team_id__in=_team_ids(editor)).exists():

@@ -1,7 +1,6 @@
 """Domain errors raised by services for states the caller could not have known.
 The API's exception handler maps each to an HTTP status and the §11 error shape."""
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
 # Redis not answering (refused, reset, timed out): what the session locks and the API's
 # exception handler treat as an outage (503) rather than a bug.

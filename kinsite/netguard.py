@@ -66,9 +66,9 @@ class Policy:
                 continue
             try:
                 networks.append(ipaddress.ip_network(entry, strict=False))
-            except ValueError:
+            except ValueError as exc:
                 if "/" in entry:  # meant as a network; better loud than silently matching nothing
-                    raise ValueError(f"{entry!r} is neither a host name nor an IP network.")
+                    raise ValueError(f"{entry!r} is neither a host name nor an IP network.") from exc
                 names.add(_normal_name(entry))
         return cls(frozenset(names), tuple(networks), allow_private)
 
@@ -121,7 +121,7 @@ def fetch(url: str, *, policy: Policy, timeout: float, max_bytes: int, max_redir
             try:
                 current = str(target.join(location))
             except httpx.InvalidURL as exc:
-                raise FetchError(f"{target} redirected to an invalid URL: {exc}")
+                raise FetchError(f"{target} redirected to an invalid URL: {exc}") from exc
             continue
         if not 200 <= status < 300:
             raise FetchError(f"{target} answered HTTP {status}")
@@ -246,26 +246,28 @@ def _get(url: httpx.URL, addresses: list[str], deadline: float, max_bytes: int, 
     ]
     backend = _PinnedBackend(addresses, deadline)
     try:
-        with httpcore.ConnectionPool(ssl_context=ssl_context, network_backend=backend, max_connections=1) as pool:
-            with pool.stream(b"GET", request_url, headers=request_headers) as response:
-                response_headers = {name.lower(): value for name, value in response.headers}
-                if response.status in REDIRECT_STATUSES:
-                    location = response_headers.get(b"location")
-                    return response.status, location.decode("latin-1") if location else None, b""
-                if not 200 <= response.status < 300:
-                    return response.status, None, b""
-                announced = response_headers.get(b"content-length", b"")
-                if announced.isdigit() and int(announced) > max_bytes:
-                    raise FetchError(f"{url} announced {int(announced)} bytes; the limit is {max_bytes}")
-                body = bytearray()
-                for chunk in response.iter_stream():
-                    body.extend(chunk)
-                    if len(body) > max_bytes:
-                        raise FetchError(f"{url} sent more than {max_bytes} bytes")
-                return response.status, None, bytes(body)
+        with (
+            httpcore.ConnectionPool(ssl_context=ssl_context, network_backend=backend, max_connections=1) as pool,
+            pool.stream(b"GET", request_url, headers=request_headers) as response,
+        ):
+            response_headers = {name.lower(): value for name, value in response.headers}
+            if response.status in REDIRECT_STATUSES:
+                location = response_headers.get(b"location")
+                return response.status, location.decode("latin-1") if location else None, b""
+            if not 200 <= response.status < 300:
+                return response.status, None, b""
+            announced = response_headers.get(b"content-length", b"")
+            if announced.isdigit() and int(announced) > max_bytes:
+                raise FetchError(f"{url} announced {int(announced)} bytes; the limit is {max_bytes}")
+            body = bytearray()
+            for chunk in response.iter_stream():
+                body.extend(chunk)
+                if len(body) > max_bytes:
+                    raise FetchError(f"{url} sent more than {max_bytes} bytes")
+            return response.status, None, bytes(body)
     except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError,
             httpcore.UnsupportedProtocol, OSError) as exc:
-        raise FetchError(f"{url} via {', '.join(addresses)}: {type(exc).__name__}: {exc}")
+        raise FetchError(f"{url} via {', '.join(addresses)}: {type(exc).__name__}: {exc}") from exc
 
 
 class _PinnedBackend(httpcore.NetworkBackend):

@@ -2,6 +2,7 @@
 (Redis) unreachable a read misses, with a warning, and a write is dropped, so the caller
 computes the value again, slower but answering, instead of failing its API call or turn."""
 import logging
+from contextlib import suppress
 
 from django.core.cache import cache
 from redis.exceptions import RedisError
@@ -20,7 +21,5 @@ def soft_cache_get(key: str, *, what: str):
 
 
 def soft_cache_set(key: str, value, seconds: int) -> None:
-    try:
+    with suppress(RedisError):  # the read before it has logged the outage
         cache.set(key, value, seconds)
-    except RedisError:
-        pass  # the read before it has logged the outage

@@ -63,8 +63,8 @@ def check_arguments(schema: dict[str, Any], raw: str) -> dict[str, Any]:
     JSON Schema that function_schema describes), or ToolArgumentError with a message the model can act on."""
     try:
         args = json.loads(raw) if raw and raw.strip() else {}
-    except (TypeError, ValueError):
-        raise ToolArgumentError("the arguments are not valid JSON.")
+    except (TypeError, ValueError) as exc:
+        raise ToolArgumentError("the arguments are not valid JSON.") from exc
     if not isinstance(args, dict):
         raise ToolArgumentError("the arguments must be a JSON object.")
     parameters = schema["parameters"]

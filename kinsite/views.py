@@ -6,8 +6,8 @@ from functools import wraps
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
 from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_POST
 
 from kinsite.models import Membership
 from kinsite.selectors import api_token_list, kin_get, membership_role, team_for_user

@@ -27,7 +27,9 @@ class MemoryChangeInline(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.Tabular
 
 @admin.register(Memory)
 class MemoryAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
-    list_display = ["id", "short_content", "team", "kin", "category", "subject", "importance", "status", "source", "updated_at"]
+    list_display = [
+        "id", "short_content", "team", "kin", "category", "subject", "importance", "status", "source", "updated_at",
+    ]
     list_filter = ["status", "category", "source", "team"]
     search_fields = ["content", "subject", "source_ref"]
     list_select_related = ["team", "kin"]

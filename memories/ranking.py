@@ -189,7 +189,7 @@ def cosine(a: Iterable[float], b: Iterable[float]) -> float:
     a, b = list(a), list(b)
     if not a or len(a) != len(b):
         return 0.0
-    dot = sum(x * y for x, y in zip(a, b))
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
     norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
     return dot / norm if norm else 0.0
 

@@ -25,7 +25,10 @@ class MemoryAddResult:
 
 
 def _snapshot(memory: Memory) -> dict:
-    return {field.removesuffix("_id") if field.endswith("_id") else field: getattr(memory, field) for field in SNAPSHOT_FIELDS}
+    return {
+        field.removesuffix("_id") if field.endswith("_id") else field: getattr(memory, field)
+        for field in SNAPSHOT_FIELDS
+    }
 
 
 def _record(*, memory: Memory, action: str, before: dict, actor: Actor, reason: str) -> MemoryChange:

@@ -119,7 +119,9 @@ def change_fields(before: dict, after: dict) -> list[FieldChange]:
     """The fields a change row altered; for an add (empty `before`), the fields it set."""
     names = [name for name in FIELD_ORDER if name in after] + sorted(set(after) - set(FIELD_ORDER))
     if not before:
-        return [FieldChange(field=name, before=None, after=after[name]) for name in names if after[name] not in (None, "")]
+        return [
+            FieldChange(field=name, before=None, after=after[name]) for name in names if after[name] not in (None, "")
+        ]
     return [
         FieldChange(field=name, before=before.get(name), after=after.get(name))
         for name in names

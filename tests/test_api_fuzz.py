@@ -13,8 +13,7 @@ import schemathesis
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections, transaction
-from hypothesis import HealthCheck, Phase
-from hypothesis import settings as hypothesis_settings
+from hypothesis import HealthCheck, Phase, settings as hypothesis_settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,

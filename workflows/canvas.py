@@ -92,7 +92,9 @@ def canvas_text(*, workflow_name: str, graph: GraphInfo, describe: Callable[[Nod
     then the inventory is cut to its first lines plus a count of the rest by status, then
     fewer terminal nodes are narrated (the others are counted in one line)."""
     nodes = graph.nodes
-    title = f'Workflow "{name_text(workflow_name)}" ({_plural(len(nodes), "node")}, {_plural(len(graph.edges), "edge")}).'
+    title = (
+        f'Workflow "{name_text(workflow_name)}" ({_plural(len(nodes), "node")}, {_plural(len(graph.edges), "edge")}).'
+    )
     if not nodes:
         return _fit([title + " It has no nodes yet."], max_chars)
     title += " Nodes:"
@@ -113,7 +115,7 @@ def canvas_text(*, workflow_name: str, graph: GraphInfo, describe: Callable[[Nod
     tail = [f"{_plural(left_out, 'more terminal node')} not narrated here (use workflow_lineage)."] if left_out else []
     headers = [_terminal_header(node) for node in shown]
     room = max_chars - _length(lines) - _length(tail) - _length(headers) + 1
-    for index, (node, header) in enumerate(zip(shown, headers)):
+    for index, (node, header) in enumerate(zip(shown, headers, strict=True)):
         share = room // (len(shown) - index) - 1
         lines.append(header)
         if share > 0:

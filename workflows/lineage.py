@@ -503,8 +503,8 @@ def lineage_to_json(graph: LineageGraph) -> dict:
 
 def _local_name(text: str) -> str:
     # PROV qualified names: keep letters, digits and a few safe marks; escape the rest.
-    return re.sub(r"[^A-Za-z0-9_.\-]", lambda m: "_%02X" % ord(m.group()) if ord(m.group()) < 256
-                  else "_u%04X" % ord(m.group()), text)
+    return re.sub(r"[^A-Za-z0-9_.\-]", lambda m: f"_{ord(m.group()):02X}" if ord(m.group()) < 256
+                  else f"_u{ord(m.group()):04X}", text)
 
 
 def _prov_value(value):

@@ -90,6 +90,9 @@ class NodeResult(models.Model):
         ordering = ["node", "-version"]
         constraints = [models.UniqueConstraint(fields=["node", "version"], name="noderesult_unique_version")]
 
+    def __str__(self):
+        return f"Results v{self.version} of node {self.node_id}"
+
 
 class WorkflowRun(models.Model):
     class Status(models.TextChoices):
@@ -107,6 +110,9 @@ class WorkflowRun(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"Run {self.pk} of workflow {self.workflow_id} ({self.status})"
 
 
 class NodeRun(models.Model):
@@ -135,3 +141,6 @@ class NodeRun(models.Model):
     class Meta:
         ordering = ["run", "wave", "id"]
         constraints = [models.UniqueConstraint(fields=["run", "node"], name="noderun_unique_node")]
+
+    def __str__(self):
+        return f"Node {self.node_id} in run {self.run_id} ({self.status})"

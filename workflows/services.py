@@ -147,7 +147,10 @@ def document_clean(data: Any) -> WorkflowDocument:
             errors.append(f"node '{node_id}': config must be a JSON object.")
             config = {}
         elif node_type in NODE_TYPES:
-            errors.extend(f"node '{node_id}' ({node_type}): {problem}" for problem in validate_params(NODE_TYPES[node_type], config))
+            errors.extend(
+                f"node '{node_id}' ({node_type}): {problem}"
+                for problem in validate_params(NODE_TYPES[node_type], config)
+            )
         if node_id:
             nodes.append(NodeSpec(node_id, node_type, label, config, position))
 

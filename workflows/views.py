@@ -59,7 +59,7 @@ def _detail_context(workflow: Workflow) -> dict:
     edge_rows = list(workflow.edges.order_by("id").values_list("source_id", "target_id", "kind"))
     pairs = [(client_ids[s], client_ids[t]) for s, t, _ in edge_rows]
     kinds: dict[tuple[str, str], str] = {}
-    for (source, target), (_, _, kind) in zip(pairs, edge_rows):
+    for (source, target), (_, _, kind) in zip(pairs, edge_rows, strict=True):
         # Two nodes joined by a data and a control edge draw one line: the data one.
         if kinds.get((source, target)) != "data":
             kinds[(source, target)] = kind

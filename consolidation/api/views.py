@@ -93,7 +93,9 @@ class KinConsolidateView(APIView):
         request=ConsolidateSerializer,
         responses={
             200: ConsolidationRunDetailSerializer,
-            400: OpenApiResponse(description="Invalid body; an invalid template lists each problem in details.template."),
+            400: OpenApiResponse(
+                description="Invalid body; an invalid template lists each problem in details.template."
+            ),
             409: OpenApiResponse(description="nothing_to_consolidate: the kin has no pending facts (no run, no "
                                  "model call); consolidation_busy: another consolidation of the kin is running."),
             502: OpenApiResponse(description="The model call failed; the run is recorded as failed (details.run)."),

@@ -40,8 +40,8 @@ class BearerTokenAuthentication(BaseAuthentication):
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'.")
         try:
             raw = parts[1].decode()
-        except UnicodeDecodeError:
-            raise exceptions.AuthenticationFailed("Token contains invalid characters.")
+        except UnicodeDecodeError as exc:
+            raise exceptions.AuthenticationFailed("Token contains invalid characters.") from exc
         token = api_token_lookup(raw=raw)
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")

@@ -28,8 +28,8 @@ class DefaultCursorPagination(CursorPagination):
                 # DRF's lenient decoding skips stray characters, reading "%%%" as the first page.
                 b64decode(encoded.encode("ascii"), validate=True)
             cursor = super().decode_cursor(request)
-        except (ValueError, NotFound):  # ValueError: binascii.Error and UnicodeError included
-            raise self._invalid()
+        except (ValueError, NotFound) as exc:  # ValueError: binascii.Error and UnicodeError included
+            raise self._invalid() from exc
         if cursor is not None and cursor.position is not None:
             # DRF filters by the position as given, so one that is no value of the ordering
             # field (p=abc for an id or a date-time) would fail in the query: a 500.
@@ -39,8 +39,8 @@ class DefaultCursorPagination(CursorPagination):
                 return cursor
             try:
                 field.to_python(cursor.position)
-            except (DjangoValidationError, ValueError, TypeError, OverflowError):
-                raise self._invalid()
+            except (DjangoValidationError, ValueError, TypeError, OverflowError) as exc:
+                raise self._invalid() from exc
         return cursor
 
     def _invalid(self):

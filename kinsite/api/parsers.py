@@ -81,13 +81,13 @@ class JSONParser(BaseParser):
         try:
             text = raw.decode(encoding)
         except UnicodeDecodeError as exc:
-            raise exceptions.ParseError(f"JSON parse error - the body is not valid {encoding}: {exc.reason}.")
+            raise exceptions.ParseError(f"JSON parse error - the body is not valid {encoding}: {exc.reason}.") from exc
         try:
             data = json.loads(text, parse_constant=_strict_constant, parse_float=_finite_float)
         except RecursionError:
-            raise exceptions.ParseError(f"JSON is nested deeper than {MAX_DEPTH} levels.")
+            raise exceptions.ParseError(f"JSON is nested deeper than {MAX_DEPTH} levels.") from None
         except ValueError as exc:
-            raise exceptions.ParseError(f"JSON parse error - {exc}")
+            raise exceptions.ParseError(f"JSON parse error - {exc}") from exc
         _check(data)
         return data
 

@@ -2,8 +2,9 @@
 
 A view opts in with `throttle_classes = [TokenRateThrottle]` and `throttle_scope = "chat"`
 (or "jobs", "workflow_runs"); the scope's rate is `settings.API_THROTTLE_RATES[scope]`
-(API_RATE_CHAT, API_RATE_JOBS, API_RATE_WORKFLOW_RUNS). The bucket is the API token, not the IP or the user: one script with
-one token gets its own allowance, and two tokens of a team do not share one.
+(API_RATE_CHAT, API_RATE_JOBS, API_RATE_WORKFLOW_RUNS). The bucket is the API token, not the IP
+or the user: one script with one token gets its own allowance, and two tokens of a team do not
+share one.
 
 When the cache (Redis) is unreachable the limit fails open: the request goes on, since
 refusing every chat post would turn a cache outage into a full one, and the endpoints

@@ -99,11 +99,11 @@ def check_json_answer(content: str | None, *, source: str) -> str:
     text = strip_json_fence(content or "")
     try:
         json.loads(text)
-    except ValueError:
+    except ValueError as exc:
         snippet = (content or "")[:200]
         raise LLMBadResponse(
             f"{source} was asked for a JSON answer but replied with text that is not JSON: {snippet!r}"
-        )
+        ) from exc
     return text
 
 
@@ -175,7 +175,7 @@ class OpenAICompatibleProvider:
                 f"The model endpoint at …/chat/completions answered without a usable choice ({exc!r}): "
                 f"{self._redact(json.dumps(body)[:300])}",
                 attempts=attempts,
-            )
+            ) from exc
         if json_mode and not tool_calls:
             try:
                 content = check_json_answer(content, source="The model at …/chat/completions")
@@ -212,7 +212,7 @@ class OpenAICompatibleProvider:
                 raise LLMBadResponse(
                     f"The embeddings endpoint at …/embeddings answered without usable vectors ({exc!r}).",
                     attempts=attempts,
-                )
+                ) from exc
             if len(vectors) != len(texts):
                 raise LLMBadResponse(
                     f"The embeddings endpoint at …/embeddings returned {len(vectors)} vectors for {len(texts)} texts.",
@@ -259,13 +259,13 @@ class OpenAICompatibleProvider:
             last = attempt == max_attempts
             try:
                 response = self._client.post(url, json=payload)
-            except httpx.TimeoutException:
+            except httpx.TimeoutException as exc:
                 if last:
                     raise LLMTimeout(
                         f"The model endpoint at {self._where(url)} did not answer within {self.timeout:g} s "
                         f"({_attempts(attempt)}).",
                         attempts=attempt,
-                    )
+                    ) from exc
                 self._sleep(self._backoff_delay(attempt))
                 continue
             except httpx.TransportError as exc:
@@ -275,7 +275,7 @@ class OpenAICompatibleProvider:
                         f"{self._redact(str(exc)) or type(exc).__name__} "
                         f"({_attempts(attempt)}).",
                         attempts=attempt,
-                    )
+                    ) from exc
                 self._sleep(self._backoff_delay(attempt))
                 continue
 
@@ -292,12 +292,12 @@ class OpenAICompatibleProvider:
                 )
             try:
                 body = response.json()
-            except ValueError:
+            except ValueError as exc:
                 raise LLMBadResponse(
                     f"The model endpoint at {self._where(url)} answered with a body that is not JSON: "
                     f"{self._redact(repr(response.text[:200]))}",
                     attempts=attempt,
-                )
+                ) from exc
             if not isinstance(body, dict):
                 raise LLMBadResponse(
                     f"The model endpoint at {self._where(url)} answered with JSON that is not an object: "

@@ -312,7 +312,9 @@ def seed_team(team, *, secret: str, user=None) -> Seeded:
     session = SessionFactory(kin=kin, title=f"Session {secret}")
     message = MessageFactory(session=session, content=f"The {secret} plan is due in May.", external_id=f"{secret}-1")
     turn = TurnFactory(session=session, user_message=message, status=Turn.Status.DONE)
-    memory = MemoryFactory(team=team, kin=kin, content=f"The {secret} plan is due in May.", category=Memory.Category.FACT)
+    memory = MemoryFactory(
+        team=team, kin=kin, content=f"The {secret} plan is due in May.", category=Memory.Category.FACT
+    )
     MemoryChangeFactory(memory=memory, action=MemoryChange.Action.ADD, after={"content": memory.content}, actor="test")
     FactFactory(kin=kin, statement=f"The {secret} fact.", source=Fact.Source.API)
     run = ConsolidationRunFactory(kin=kin, trigger="api", status="applied", summary_of_changes=secret)
@@ -364,7 +366,7 @@ def snapshot() -> dict[str, str | None]:
     labels, sql = _snapshot_query()
     with connection.cursor() as cursor:
         cursor.execute(sql)
-        return dict(zip(labels, cursor.fetchone()))
+        return dict(zip(labels, cursor.fetchone(), strict=True))
 
 
 def assert_unchanged(before: dict, context: str = "", *, ignore: tuple[str, ...] = ()) -> None:

@@ -224,7 +224,7 @@ def test_bad_values_in_each_field_are_refused(operation, api, own):
         transaction.set_rollback(True)
 
     for path, prop in fields(operation.body_schema):
-        def send(label, value, raw: bytes = b""):
+        def send(label, value, raw: bytes = b"", path=path):  # bound: each field's own path
             requests.send(f"{field_id(path)} {label}", dumps(with_value(body, path, value), raw))
 
         kind = prop.get("type")

@@ -186,13 +186,13 @@ def staff(shared_client, db):
 def test_admin_lists_and_change_pages_escape_every_stored_text(staff, world):
     problems, unshown = [], []
     assert len(admin.site._registry) >= 20
-    for model, model_admin in admin.site._registry.items():
-        info = (model._meta.app_label, model._meta.model_name)
+    for model in admin.site._registry:
+        app_label, model_name = model._meta.app_label, model._meta.model_name
         label = model._meta.label
-        pages = {"list": staff.get(reverse("admin:%s_%s_changelist" % info))}
+        pages = {"list": staff.get(reverse(f"admin:{app_label}_{model_name}_changelist"))}
         row = model.objects.order_by("pk").first()
         if row is not None:
-            pages["change"] = staff.get(reverse("admin:%s_%s_change" % info, args=[row.pk]))
+            pages["change"] = staff.get(reverse(f"admin:{app_label}_{model_name}_change", args=[row.pk]))
         for name, response in pages.items():
             assert response.status_code == 200, (label, name, response.status_code)
             problems += [f"{label} {name}: {problem}" for problem in problems_in(response.content.decode(), world)]

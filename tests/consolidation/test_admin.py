@@ -51,7 +51,9 @@ def test_the_add_form_offers_only_kin_statement_and_category(staff_client):
 
 
 def test_a_blank_statement_is_refused(staff_client, kin):
-    response = staff_client.post(reverse("admin:consolidation_fact_add"), {"kin": kin.pk, "statement": "", "category": "fact"})
+    response = staff_client.post(
+        reverse("admin:consolidation_fact_add"), {"kin": kin.pk, "statement": "", "category": "fact"}
+    )
 
     assert response.status_code == 200  # the form again, with its error
     assert not Fact.objects.exists()
@@ -80,7 +82,8 @@ def test_runs_and_versions_are_read_only(staff_client, kin):
 
     for model, obj in (("consolidationrun", run), ("experienceversion", version)):
         assert staff_client.get(reverse(f"admin:consolidation_{model}_add")).status_code == 403
-        assert staff_client.post(reverse(f"admin:consolidation_{model}_delete", args=[obj.pk]), {"post": "yes"}).status_code == 403
+        delete_url = reverse(f"admin:consolidation_{model}_delete", args=[obj.pk])
+        assert staff_client.post(delete_url, {"post": "yes"}).status_code == 403
         page = staff_client.get(reverse(f"admin:consolidation_{model}_change", args=[obj.pk]))
         assert page.status_code == 200 and 'name="_save"' not in page.content.decode()
 

@@ -274,7 +274,9 @@ def test_facts_list_pending_first_then_newest(logged_in, kin):
 
 
 def test_add_fact_records_a_pending_fact_by_the_user(logged_in, kin, user):
-    response = logged_in.post(url("fact_list", kin.pk), {"statement": "Deploys happen on Tuesdays.", "category": "decision"})
+    response = logged_in.post(
+        url("fact_list", kin.pk), {"statement": "Deploys happen on Tuesdays.", "category": "decision"}
+    )
 
     added = Fact.objects.get(kin=kin)
     assert response.status_code == 302

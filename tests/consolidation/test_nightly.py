@@ -1,6 +1,6 @@
 """The nightly consolidation (SPEC §8, §12): a beat entry every 15 minutes whose task
 consolidates each kin with pending facts once per night, at 02:00 in its team's time zone."""
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -22,7 +22,7 @@ from kinsite.celery import app
 from tests.consolidation.conftest import add_fact, answer, runs_of
 from tests.factories import KinFactory, TeamFactory
 
-UTC = dt_timezone.utc
+UTC = UTC
 
 
 def at(*args) -> datetime:
@@ -34,7 +34,9 @@ def backdate(kin, days=2):
 
 
 def test_the_nightly_task_is_in_the_beat_schedule_every_15_minutes():
-    [entry] = [e for e in app.conf.beat_schedule.values() if e["task"] == "consolidation.tasks.consolidate_nightly_task"]
+    [entry] = [
+        e for e in app.conf.beat_schedule.values() if e["task"] == "consolidation.tasks.consolidate_nightly_task"
+    ]
     assert entry["schedule"] == crontab(minute="*/15")
     assert consolidate_nightly_task.name == "consolidation.tasks.consolidate_nightly_task"
 

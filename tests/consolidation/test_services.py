@@ -158,7 +158,9 @@ def test_the_team_template_beats_the_default_and_an_explicit_body_beats_both(kin
     assert (run.template_source, run.template) == ("team", team_template)
 
     run = consolidation_run(kin=kin, trigger="api", prepare=True, template_body="Just {kin_name}. # no sections")
-    assert (run.template_source, run.template, run.rendered_prompt) == ("explicit", None, f"Just {kin.name}. # no sections")
+    assert (run.template_source, run.template, run.rendered_prompt) == (
+        "explicit", None, f"Just {kin.name}. # no sections"
+    )
 
 
 @pytest.mark.parametrize("body, expected", [

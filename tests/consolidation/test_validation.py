@@ -181,7 +181,10 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_clean_markdown_strips_comments_and_timestamps_only():
-    text = "# T <!-- x -->\n<!--\nmulti\nline\n-->\n- Met on 2026-03-02 at (2026-03-02 14:05 UTC) with Tom.\n  - nested\n"
+    text = (
+        "# T <!-- x -->\n<!--\nmulti\nline\n-->\n"
+        "- Met on 2026-03-02 at (2026-03-02 14:05 UTC) with Tom.\n  - nested\n"
+    )
     assert clean_markdown(text) == "# T\n\n- Met on 2026-03-02 at with Tom.\n  - nested\n"
 
 

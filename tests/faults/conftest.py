@@ -115,9 +115,9 @@ class RedisServer:
                 with self.client() as client:
                     client.ping()
                 return
-            except redis.ConnectionError:
+            except redis.ConnectionError as exc:
                 if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}")
+                    raise RuntimeError(f"redis-server did not start on port {self.port}") from exc
                 time.sleep(0.02)
 
     def stop(self) -> None:

@@ -117,8 +117,9 @@ def test_tool_arguments_that_are_not_a_json_object_become_a_tool_error_the_model
 
     The user sees: the kin's answer (201, or the async turn done); the turn never fails
     over it. Stored: the tool call with the raw arguments, its result (an `Error: …` text
-    saying what is wrong with them), and no memory. Runs again: the model is called once more with that error as the tool
-    result, and answers; the next turn's history carries the call and its error as a pair."""
+    saying what is wrong with them), and no memory. Runs again: the model is called once more
+    with that error as the tool result, and answers; the next turn's history carries the call
+    and its error as a pair."""
     fake_model.tool_call("memorize", arguments, call_id="call_bad")
     fake_model.reply("Sorry, I could not store that.")
 

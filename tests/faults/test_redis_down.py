@@ -12,8 +12,8 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.urls import reverse
 from django.db.models import F
+from django.urls import reverse
 
 from consolidation.models import ConsolidationRun
 from kinsite.jobs import job_queued_key

@@ -102,7 +102,7 @@ def test_a_worker_running_turns_when_redis_is_killed_reconnects_and_answers_ever
 
     assert worker.process.poll() is None  # the same worker process, never restarted
     assert "Unrecoverable error" not in worker.log()
-    for number, (session, turn_id) in enumerate(zip(sessions, turn_ids), start=1):
+    for number, (session, turn_id) in enumerate(zip(sessions, turn_ids, strict=True), start=1):
         turn = Turn.objects.select_related("reply").get(pk=turn_id)
         assert turn.status == "done", turn.error
         assert turn.attempts == 1

@@ -1,6 +1,8 @@
 """Turns of one session run in post order (SPEC §4): several async posts to one session,
 served by two real Celery workers on Redis and a slow fake model, are answered one after
 the other in the order they were posted, each seeing the conversation up to its own message."""
+from itertools import pairwise
+
 import pytest
 from django.db import transaction
 
@@ -49,7 +51,7 @@ def test_async_posts_to_one_session_are_answered_in_post_order_by_two_workers(
     replies = list(Event.objects.filter(session=chat_session, role="assistant").order_by("created_at", "id")
                    .values_list("content", flat=True))
     assert replies == [f"echo: [Maria] {text}" for text in texts]
-    assert all(earlier.finished_at <= later.started_at for earlier, later in zip(turns, turns[1:]))
+    assert all(earlier.finished_at <= later.started_at for earlier, later in pairwise(turns))
     requests = fake_llm.requests_to("chat")
     assert len(requests) == POSTS
     for n, request in enumerate(sorted(requests, key=lambda r: len(r["messages"]))):

@@ -44,7 +44,8 @@ def test_llm_call_log_and_events_are_read_only(staff_client, chat_session, team)
     call = LLMCallFactory(team=team)
     event = MessageFactory(session=chat_session)
     assert staff_client.get(reverse("admin:kinsite_llmcall_add")).status_code == 403
-    assert staff_client.post(reverse("admin:kinsite_llmcall_delete", args=[call.pk]), {"post": "yes"}).status_code == 403
+    delete_url = reverse("admin:kinsite_llmcall_delete", args=[call.pk])
+    assert staff_client.post(delete_url, {"post": "yes"}).status_code == 403
     assert LLMCall.objects.filter(pk=call.pk).exists()
     change_page = staff_client.get(reverse("admin:sessions_app_event_change", args=[event.pk]))
     assert change_page.status_code == 200

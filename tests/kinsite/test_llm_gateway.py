@@ -351,7 +351,7 @@ def test_scripted_embeddings_are_deterministic_unit_vectors():
     assert a1 == a2
     assert len(a1) == 64
     assert sum(x * x for x in a1) == pytest.approx(1.0)
-    cosine = sum(x * y for x, y in zip(a1, b))
+    cosine = sum(x * y for x, y in zip(a1, b, strict=True))
     assert cosine < 0.99
 
 

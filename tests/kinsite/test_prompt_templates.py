@@ -50,7 +50,9 @@ class TestResolution:
         make_template(team)
         kin_template = make_template(team, kin=kin, body="Kin body {max_words}")
         resolved = template_resolve(kind=CONSOLIDATION, kin=kin)
-        assert (resolved.body, resolved.source, resolved.template_id) == ("Kin body {max_words}", "kin", kin_template.pk)
+        assert (resolved.body, resolved.source, resolved.template_id) == (
+            "Kin body {max_words}", "kin", kin_template.pk
+        )
 
     def test_explicit_body_beats_everything(self, kin, team):
         make_template(team)

@@ -100,7 +100,9 @@ def test_post_with_shared_adds_a_team_memory(api_client, kin, team):
 
 def test_duplicate_memory_updates_existing_and_answers_200(api_client, kin):
     url = f"{API}kins/{kin.pk}/memories/"
-    first = api_client.post(url, {"content": "Deploys happen on Tuesdays.", "category": "fact", "importance": 8}, format="json")
+    first = api_client.post(
+        url, {"content": "Deploys happen on Tuesdays.", "category": "fact", "importance": 8}, format="json"
+    )
     second = api_client.post(
         url, {"content": "Deploys happen on Tuesdays.", "category": "decision", "importance": 3}, format="json"
     )
@@ -257,7 +259,8 @@ def test_patch_updates_fields_and_records_a_change(api_client, team, kin, token,
     assert (memory.content, memory.importance, memory.category) == ("Invoices go out on the 2nd.", 9, "fact")
     change = memory.changes.order_by("id").last()
     assert change.action == "update"
-    assert change.before["content"] == "Invoices go out on the 1st." and change.after["content"] == "Invoices go out on the 2nd."
+    assert change.before["content"] == "Invoices go out on the 1st."
+    assert change.after["content"] == "Invoices go out on the 2nd."
     assert (change.actor, change.actor_user, change.reason) == (f"token:{token.prefix}", user, "Policy changed.")
 
 
@@ -381,7 +384,9 @@ def test_history_lists_changes_oldest_first(api_client, team, kin, token):
 @pytest.fixture
 def searchable(team, kin):
     return {
-        "deploy": add_memory(team, kin, "Production deploys happen on Tuesday mornings.", category="decision", importance=8),
+        "deploy": add_memory(
+            team, kin, "Production deploys happen on Tuesday mornings.", category="decision", importance=8
+        ),
         "coffee": add_memory(team, kin, "Maria drinks her coffee black.", category="preference", subject="Maria"),
         "shared": add_memory(team, None, "The deploy pipeline runs on GitHub Actions.", category="knowledge"),
         "other": add_memory(team, KinFactory(team=team), "Another kin's deploy notes.", category="fact"),

@@ -148,7 +148,10 @@ def test_saving_an_unchanged_form_records_nothing(logged_in, kin, memories):
 
     logged_in.post(
         url("memory_edit", kin.pk, memory.pk),
-        {"content": memory.content, "category": memory.category, "subject": memory.subject, "importance": memory.importance},
+        {
+            "content": memory.content, "category": memory.category, "subject": memory.subject,
+            "importance": memory.importance,
+        },
     )
 
     assert memory.changes.count() == 1
@@ -189,7 +192,9 @@ def test_deleted_memory_cannot_be_edited(logged_in, kin, memories):
     memory = memories["fact"]
     services.memory_delete(memory=memory, actor=services.Actor("test"))
 
-    response = logged_in.post(url("memory_edit", kin.pk, memory.pk), {"content": "Back", "category": "fact", "importance": 5})
+    response = logged_in.post(
+        url("memory_edit", kin.pk, memory.pk), {"content": "Back", "category": "fact", "importance": 5}
+    )
 
     assert response.status_code == 409
     memory.refresh_from_db()
@@ -198,7 +203,10 @@ def test_deleted_memory_cannot_be_edited(logged_in, kin, memories):
 
 def test_history_shows_each_change_oldest_first(logged_in, kin, memories):
     memory = memories["pref"]
-    services.memory_update(memory=memory, actor=services.Actor("user:someone"), reason="More precise.", content="Maria likes terse answers.")
+    services.memory_update(
+        memory=memory, actor=services.Actor("user:someone"), reason="More precise.",
+        content="Maria likes terse answers.",
+    )
 
     response = logged_in.get(url("memory_detail", kin.pk, memory.pk))
 

@@ -45,8 +45,9 @@ def test_add_writes_one_change_row_with_after_snapshot_and_actor(team, kin, user
 
 def test_update_writes_one_change_row_with_before_and_after(team, kin):
     memory = add(team, kin, "The deploy runs on Fridays").memory
-    services.memory_update(memory=memory, actor=Actor(label="kin:1"), reason="moved", content="The deploy runs on Mondays",
-                           importance=8)
+    services.memory_update(
+        memory=memory, actor=Actor(label="kin:1"), reason="moved", content="The deploy runs on Mondays", importance=8
+    )
     first, second = changes(memory)
     assert second.action == "update" and second.actor == "kin:1" and second.reason == "moved"
     assert second.before["content"] == "The deploy runs on Fridays" and second.before["importance"] == 5

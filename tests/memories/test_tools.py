@@ -183,7 +183,8 @@ def test_update_needs_an_id_and_a_field(context):
 @pytest.mark.parametrize("kind, name", [("kin", "memory_forget"), ("introspection", "memory_delete")])
 def test_forget_deletes_and_keeps_history(context, kind, name):
     memory = add(context, "The wifi password is hunter2")
-    assert ok(call(kind, name, context, {"id": memory.pk, "reason": "rotated"})) == {"status": "deleted", "id": memory.pk}
+    result = ok(call(kind, name, context, {"id": memory.pk, "reason": "rotated"}))
+    assert result == {"status": "deleted", "id": memory.pk}
     memory.refresh_from_db()
     assert memory.status == "deleted"
     assert [c.action for c in MemoryChange.objects.filter(memory=memory).order_by("id")] == ["add", "delete"]

@@ -9,8 +9,8 @@ from django.db import connection
 
 from bench.common import write_results
 from bench.memory_relevance import DATA_DIR, conversation_turns, load_conversations, run
-from memories.search import postgres
 from memories.models import Memory
+from memories.search import postgres
 
 FILLER = 300
 QUESTIONS = 20
@@ -36,7 +36,7 @@ def figures(conversation):
     figures = run(conversations=1, questions_per_conversation=QUESTIONS, filler=FILLER,
                   shares=[defaults[0]], min_docs=[defaults[1]])
     # The grid changes the search's module constants; they must be back afterwards.
-    assert (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS) == defaults
+    assert defaults == (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
     return figures
 
 
@@ -49,7 +49,7 @@ def test_answer_key_points_at_the_cited_turns(figures, conversation):
         assert question["category"] != "adversarial"
         assert len(question["evidence"]) == len(question["evidence_memory_ids"]) >= 1
         memories = Memory.objects.in_bulk(question["evidence_memory_ids"])
-        for dia_id, memory_id in zip(question["evidence"], question["evidence_memory_ids"]):
+        for dia_id, memory_id in zip(question["evidence"], question["evidence_memory_ids"], strict=True):
             turn = turns[dia_id]
             memory = memories[memory_id]
             assert memory.content == f"{turn['sender']}: {turn['content']}"

@@ -41,7 +41,9 @@ def test_run_command_serves_dashboard_and_healthz_with_demo_data(tmp_path):
     manage("migrate", "--no-input", "-v", "0", env=env)
     first = json.loads(manage("create_demo", env=env).strip().splitlines()[-1])
     second = json.loads(manage("create_demo", env=env).strip().splitlines()[-1])
-    assert set(first) == {"token", "team", "kin_id", "session_id", "workflow_id", "dashboard_user", "dashboard_password"}
+    assert set(first) == {
+        "token", "team", "kin_id", "session_id", "workflow_id", "dashboard_user", "dashboard_password",
+    }
     # Idempotent: the same rows, a fresh token each time.
     assert (first["kin_id"], first["session_id"], first["workflow_id"]) == (
         second["kin_id"], second["session_id"], second["workflow_id"])

@@ -17,6 +17,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -64,10 +65,8 @@ class LocalServer:
                                 **(headers or {})}.items():
                 handler.send_header(name, value)
             handler.end_headers()
-            try:
+            with suppress(OSError):  # the client stopped reading (a body over its cap)
                 handler.wfile.write(body)
-            except OSError:  # the client stopped reading (a body over its cap)
-                pass
 
         self.routes[path] = route
 
@@ -113,10 +112,8 @@ class LocalServer:
             handler.send_header("Transfer-Encoding", "chunked")
             handler.end_headers()
             chunk = b"[" + b" " * (size - 2) + b"]"
-            try:
+            with suppress(OSError):
                 handler.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))
-            except OSError:
-                pass
 
         self.routes[path] = route
 

@@ -244,7 +244,10 @@ def test_a_catastrophic_pattern_runs_at_once(api_client, django_capture_on_commi
         "name": "Evil pattern",
         "nodes": [
             {"id": "text", "type": "inline_records", "config": {"records": [{"s": "a" * 40 + "!"}, {"s": "xaa"}]}},
-            {"id": "tail", "type": "transform", "config": {"extract": {"field": "s", "pattern": "(a+)+$", "into": "t"}}},
+            {
+                "id": "tail", "type": "transform",
+                "config": {"extract": {"field": "s", "pattern": "(a+)+$", "into": "t"}},
+            },
         ],
         "edges": [{"source": "text", "target": "tail"}],
     }

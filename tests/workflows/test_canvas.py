@@ -98,7 +98,8 @@ Workflow "Adults" (3 nodes, 2 edges). Nodes:
 Terminal node table "Result" (table_output), 2 records in, 2 out:
 1. Provides 3 inline records with fields name, age (3 records out). Parameters: records=[{"name": "Ada", "age": 36}, \
 {"name": "Bo", "age": 17}, {"n….
-2. Keeps records where age ≥ 18 (3 records in, 2 out). Parameters: conditions=[{"field": "age", "op": "gte", "value": 18}].
+2. Keeps records where age ≥ 18 (3 records in, 2 out). Parameters: conditions=[{"field": "age", \
+"op": "gte", "value": 18}].
 3. Shows the records as a table with columns name (2 records in, 2 out). Parameters: columns=["name"]."""
 
 

@@ -82,7 +82,7 @@ def test_detail_draws_the_graph_and_lists_the_nodes(logged_in, team):
 
     body = response.content.decode()
     assert response.status_code == 200
-    assert body.count('<a href="/workflows/%d/nodes/' % workflow.pk) == 6  # 3 in the SVG, 3 in the table
+    assert body.count(f'<a href="/workflows/{workflow.pk}/nodes/') == 6  # 3 in the SVG, 3 in the table
     assert body.count("<rect ") == 3
     assert body.count('class="wf-edge kind-data"') == 2
     assert 'marker-end="url(#wf-arrow)"' in body

@@ -65,8 +65,11 @@ def test_node_ids_with_spaces_slashes_and_other_scripts_still_open_their_pages(a
 
 def test_a_stored_node_id_with_a_line_break_renders_without_a_link(api_client, client, user):
     # Stored before ids were checked: the pages render, the node has no link.
-    document = {**DOCUMENT, "nodes": [{**node, "id": "b"} if node["id"] == ODD_ID else node for node in DOCUMENT["nodes"]],
-                "edges": [{"source": "a", "target": "b"}, {"source": "b", "target": "c"}]}
+    document = {
+        **DOCUMENT,
+        "nodes": [{**node, "id": "b"} if node["id"] == ODD_ID else node for node in DOCUMENT["nodes"]],
+        "edges": [{"source": "a", "target": "b"}, {"source": "b", "target": "c"}],
+    }
     created = api_client.post("/api/v1/workflows/", document, format="json")
     assert created.status_code == 201
     workflow_id = created.json()["id"]

@@ -128,7 +128,8 @@ def test_a_failed_node_skips_its_downstream_only(team, django_capture_on_commit_
 
     nodes = _nodes(workflow)
     assert {key: node.status for key, node in nodes.items()} == {
-        "remote": "failed", "remote_filter": "skipped", "remote_table": "skipped", "local": "done", "local_table": "done",
+        "remote": "failed", "remote_filter": "skipped", "remote_table": "skipped",
+        "local": "done", "local_table": "done",
     }
     assert "Could not fetch JSON from http://127.0.0.1:9/nothing-listens-here" in nodes["remote"].error
     assert "upstream node 'remote' did not complete" in nodes["remote_filter"].error
@@ -223,7 +224,8 @@ def test_lineage_in_the_prompt_is_what_fed_the_node_not_the_node_itself(
     records = '[{"id": 1, "age": 36, "name": "Ada", "email": "ada@example.…'
     assert prompts == [
         f"Note on {name}. Lineage:\n"
-        f"1. Provides 3 inline records with fields id, age, name, email (3 records out). Parameters: records={records}.\n"
+        "1. Provides 3 inline records with fields id, age, name, email (3 records out). "
+        f"Parameters: records={records}.\n"
         '2. Keeps records where age ≥ 18 (3 records in, 2 out). Parameters: conditions=[{"op": "gte", "field": '
         '"age", "value": 18}].'
         for name in ("Ada", "Cy")

@@ -10,7 +10,14 @@ from typing import Any
 
 from workflows.nodes import filtering, http, llm, merge, output, sources, transform
 from workflows.nodes.base import (
-    NodeError, NodeType, Param, Record, RunContext, config_fingerprint, counts_sentence, validate_params,
+    NodeError,
+    NodeType,
+    Param,
+    Record,
+    RunContext,
+    config_fingerprint,
+    counts_sentence,
+    validate_params,
 )
 
 __all__ = [

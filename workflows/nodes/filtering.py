@@ -6,7 +6,16 @@ import math
 from typing import Any
 
 from workflows.nodes.base import (
-    NodeType, Param, RunContext, Record, concat, get_field, json_key, names, quote, shorten,
+    NodeType,
+    Param,
+    Record,
+    RunContext,
+    concat,
+    get_field,
+    json_key,
+    names,
+    quote,
+    shorten,
 )
 
 # Numbers in filter conditions: a 64-bit integer's range. Past it a value is a mistake (or a

@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 
 from kinsite import netguard
-from workflows.nodes.base import NodeError, NodeType, Param, RunContext, Record, get_field
+from workflows.nodes.base import NodeError, NodeType, Param, Record, RunContext, get_field
 
 logger = logging.getLogger(__name__)
 

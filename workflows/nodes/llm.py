@@ -8,7 +8,16 @@ import re
 from collections.abc import Callable
 
 from workflows.nodes.base import (
-    NodeError, NodeType, Param, RunContext, Record, concat, fields_of, get_field, quote, shorten,
+    NodeError,
+    NodeType,
+    Param,
+    Record,
+    RunContext,
+    concat,
+    fields_of,
+    get_field,
+    quote,
+    shorten,
 )
 from workflows.nodes.filtering import OPS, apply_conditions, check_conditions, describe_conditions
 
@@ -149,8 +158,8 @@ def _generated_conditions(ctx: RunContext, config: dict, records: list[Record]) 
     )
     try:
         answer = result.json()
-    except ValueError:
-        raise NodeError("The model's answer was not JSON.")
+    except ValueError as exc:
+        raise NodeError("The model's answer was not JSON.") from exc
     if not isinstance(answer, dict):
         raise NodeError("The model's answer was not a JSON object of conditions.")
     combine = answer.get("combine") or "and"

@@ -1,7 +1,7 @@
 """The merge node: joins two inputs on a shared key field."""
 from __future__ import annotations
 
-from workflows.nodes.base import NodeType, Param, RunContext, Record, get_field, json_key
+from workflows.nodes.base import NodeType, Param, Record, RunContext, get_field, json_key
 
 
 class Merge(NodeType):

@@ -1,7 +1,7 @@
 """The table_output node: the records as a table (it passes them through)."""
 from __future__ import annotations
 
-from workflows.nodes.base import NodeType, Param, RunContext, Record, concat, names, plural
+from workflows.nodes.base import NodeType, Param, Record, RunContext, concat, names, plural
 
 
 class TableOutput(NodeType):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import csv
 import io
 
-from workflows.nodes.base import NodeError, NodeType, Param, RunContext, Record, fields_of, names, plural
+from workflows.nodes.base import NodeError, NodeType, Param, Record, RunContext, fields_of, names, plural
 
 INLINE_MAX_RECORDS = 10_000
 CSV_MAX_CHARS = 5 * 1024 * 1024
@@ -60,7 +60,7 @@ class CsvUpload(NodeType):
         try:
             return [{key: value for key, value in row.items() if key is not None} for row in reader]
         except csv.Error as exc:
-            raise NodeError(f"The CSV could not be parsed: {exc}.")
+            raise NodeError(f"The CSV could not be parsed: {exc}.") from exc
 
     def describe(self, config: dict) -> str:
         text = config.get("csv") or ""

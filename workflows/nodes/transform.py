@@ -6,7 +6,7 @@ import re
 
 import re2
 
-from workflows.nodes.base import NodeType, Param, RunContext, Record, concat, get_field, quote
+from workflows.nodes.base import NodeType, Param, Record, RunContext, concat, get_field, quote
 
 # Patterns come from users and run over other people's data, so they run on RE2: matching
 # takes time linear in the text, whatever the pattern (Python's re backtracks, and a pattern

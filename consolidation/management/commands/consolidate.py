@@ -54,7 +54,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--kin", type=int, required=True, help="the kin's id")
-        parser.add_argument("--template", help="a file with the consolidation template to use (else kin → team → default)")
+        parser.add_argument(
+            "--template", help="a file with the consolidation template to use (else kin → team → default)"
+        )
         parser.add_argument("--max-words", type=int, help=f"word limit (default {settings.CONSOLIDATION_MAX_WORDS})")
         parser.add_argument("--prepare", action="store_true", help="render and print the prompt; call no model")
         parser.add_argument("--llm", metavar="COMMAND",
@@ -71,19 +73,19 @@ class Command(BaseCommand):
             try:
                 body = Path(template).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
-                raise CommandError(f"Cannot read the template {template}: {exc}")
+                raise CommandError(f"Cannot read the template {template}: {exc}") from exc
         answerer = shell_answerer(llm, settings.CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS) if llm else None
         try:
             run = consolidation_run(kin=kin_row, trigger=ConsolidationRun.Trigger.COMMAND, template_body=body,
                                     max_words=max_words, prepare=prepare, llm=answerer)
         except TemplateError as exc:
-            raise CommandError(f"{exc.message}\n" + "\n".join(f"  - {error}" for error in exc.errors))
+            raise CommandError(f"{exc.message}\n" + "\n".join(f"  - {error}" for error in exc.errors)) from exc
         except NothingToConsolidate as exc:
             # Not a failure: the kin is up to date (a script or cron job can go on).
             self.stdout.write(exc.message)
             return
         except KinsiteError as exc:
-            raise CommandError(exc.message)
+            raise CommandError(exc.message) from exc
 
         if run.status == ConsolidationRun.Status.PREPARED:
             self.stdout.write(run.rendered_prompt)

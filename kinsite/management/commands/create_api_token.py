@@ -24,5 +24,7 @@ class Command(BaseCommand):
             if user_row is None:
                 raise CommandError(f"No user named {user!r}.")
         token, raw = api_token_issue(team=team_row, name=name, user=user_row)
-        self.stderr.write(f"Token {token.prefix}… issued for team {team_row.slug}; store it now, it is not shown again.")
+        self.stderr.write(
+            f"Token {token.prefix}… issued for team {team_row.slug}; store it now, it is not shown again."
+        )
         self.stdout.write(raw)

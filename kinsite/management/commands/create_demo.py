@@ -8,9 +8,9 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from kinsite.models import Kin, Team
+from kinsite.services import api_token_issue, demo_user_ensure, membership_ensure, team_create
 from memories.models import Memory
 from memories.services import Actor, memory_add
-from kinsite.services import api_token_issue, demo_user_ensure, membership_ensure, team_create
 from sessions_app.models import Session
 from sessions_app.services import ImportItem, kin_create, messages_import, session_create
 from workflows.models import Workflow

@@ -6,7 +6,10 @@ from workflows.nodes import describe
 
 
 def test_filter_with_and_compares_numbers_as_numbers():
-    config = {"conditions": [{"field": "city", "op": "eq", "value": "Paris"}, {"field": "age", "op": "gte", "value": 18}]}
+    config = {"conditions": [
+        {"field": "city", "op": "eq", "value": "Paris"},
+        {"field": "age", "op": "gte", "value": 18},
+    ]}
 
     assert [r["id"] for r in run("filter", config, PEOPLE)] == [3]
     assert describe("filter", config, records_in=3, records_out=1) == (

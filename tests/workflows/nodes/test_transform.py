@@ -10,7 +10,9 @@ def test_transform_renames_and_extracts():
 
     records = run("transform", config, PEOPLE[:1])
 
-    assert records == [{**{k: v for k, v in PEOPLE[0].items() if k != "name"}, "full_name": "Ada", "domain": "example.org"}]
+    assert records == [
+        {**{k: v for k, v in PEOPLE[0].items() if k != "name"}, "full_name": "Ada", "domain": "example.org"}
+    ]
     assert describe("transform", config, records_in=1, records_out=1) == (
         'Renames name → full_name and extracts domain from email with pattern "@(.+)$" (1 in, 1 out).'
     )
