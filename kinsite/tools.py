@@ -5,7 +5,7 @@ A handler returns a short text for the model: JSON on success, "Error: ..." when
 arguments are unusable (never an exception, so the tool loop can hand the error back to
 the model). The schema is the single source of truth for validation (check_arguments
 reads it). The tools themselves live with what they act on: memories.tools,
-sessions_app.tools, sessions_app.introspection_tools."""
+sessions_app.turns.tools, sessions_app.introspection.tools."""
 from __future__ import annotations
 
 import json

@@ -21,7 +21,7 @@ class KinAdminForm(forms.ModelForm):
 
     class Meta:
         model = Kin
-        fields = "__all__"
+        fields = "__all__"  # noqa: DJ007 - KinAdmin's fieldsets choose the fields; the form adds the checks
 
     def clean_overrides(self):
         overrides = self.cleaned_data.get("overrides")
@@ -124,7 +124,8 @@ class MessageCountAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
 
 @admin.register(Turn)
 class TurnAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["id", "session", "status", "is_async", "attempts", "tool_calls", "prompt_tokens", "tokens_in", "tokens_out", "created_at", "finished_at"]
+    list_display = ["id", "session", "status", "is_async", "attempts", "tool_calls", "prompt_tokens", "tokens_in",
+                    "tokens_out", "created_at", "finished_at"]
     list_filter = ["status", "is_async"]
     search_fields = ["error"]
     list_select_related = ["session"]
@@ -147,7 +148,8 @@ class CompactionRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAd
 
 @admin.register(IntrospectionRun)
 class IntrospectionRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["id", "session", "trigger", "status", "event_count", "tokens_in", "tokens_out", "duration_ms", "created_at"]
+    list_display = ["id", "session", "trigger", "status", "event_count", "tokens_in", "tokens_out", "duration_ms",
+                    "created_at"]
     list_filter = ["status", "trigger"]
     search_fields = ["summary", "error"]
     list_select_related = ["session"]

@@ -23,8 +23,8 @@ from kinsite.models import PromptTemplate
 from kinsite.prompt_safety import continued, one_line, quoted
 from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
 from kinsite.tokencount import count_tokens
-from sessions_app.prompt.history import HistoryItem
 from sessions_app.models import HISTORY_KINDS, CompactionRun, Event, Session, Summary
+from sessions_app.prompt.history import HistoryItem
 
 logger = logging.getLogger(__name__)
 

@@ -79,7 +79,8 @@ class Event(models.Model):
     sender = models.CharField(max_length=200, blank=True)
     platform = models.CharField(max_length=16, choices=Platform.choices, default=Platform.API)
     # The client's own id for the message; unique per session, so imports are idempotent.
-    external_id = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "": the per-session unique constraint must not join messages that have none.
+    external_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     # tiktoken count of `content`, computed when the row is written.
     token_count = models.PositiveIntegerField(default=0)
     # Kind-specific structure: tool name and arguments, command name, covered ranges…

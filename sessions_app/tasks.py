@@ -52,10 +52,10 @@ def introspect_session_task(self, run_id: int) -> None:
 
     try:
         session_introspect(run_id=run_id)
-    except IntrospectionBusy:
+    except IntrospectionBusy as exc:
         if not self.request.is_eager and self.request.retries < self.max_retries:
             # Another run of the session is going; this one covers what arrives after it.
-            raise self.retry(countdown=30)
+            raise self.retry(countdown=30) from exc
         introspection_skip(run_id=run_id, reason="Another introspection of this session was in progress.")
     except Exception as exc:
         logger.warning("Introspection run %s failed: %s", run_id, exc)

@@ -4,7 +4,6 @@ from rest_framework import serializers
 
 from kinsite.models import Kin
 from kinsite.prompt_safety import one_line_problem
-
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, overrides_errors
 from workflows.models import Workflow
@@ -147,7 +146,8 @@ class ImportMessageSerializer(serializers.Serializer):
         choices=[Event.Role.USER, Event.Role.ASSISTANT], required=False, default=Event.Role.USER
     )
     created_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
-    external_id = serializers.CharField(max_length=200, required=False, allow_null=True, allow_blank=False, default=None)
+    external_id = serializers.CharField(max_length=200, required=False, allow_null=True, allow_blank=False,
+                                        default=None)
 
     def validate_content(self, value):
         if not value.strip():

@@ -108,8 +108,9 @@ class SessionMessageListView(ListAPIView):
             202: OpenApiResponse(TURN_QUEUED, description="?async=1: the queued turn, to poll at /turns/{id}/."),
             502: OpenApiResponse(description="The model failed; the message is stored and the turn says why."),
             503: OpenApiResponse(description="Redis is unreachable (Retry-After). Sync: nothing is stored "
-                                             "(details.stored false) unless Redis went away mid-turn. ?async=1: the message and its pending turn "
-                                             "are stored (details.turn) and run once the queue is back."),
+                                             "(details.stored false) unless Redis went away mid-turn. ?async=1: "
+                                             "the message and its pending turn are stored (details.turn) and run "
+                                             "once the queue is back."),
         },
     )
     def post(self, request, session_id):

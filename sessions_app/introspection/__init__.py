@@ -331,13 +331,13 @@ def _claim(run: IntrospectionRun) -> bool:
             claimed = job_claim(INTROSPECTION_JOBS, run.pk, rerun=True, now=now, error="")
             if claimed:
                 Session.objects.filter(pk=run.session_id).update(turns_since_introspection=0)
-    except IntegrityError:
+    except IntegrityError as exc:
         # The constraint allowing one running run per session: our lock expired under a
         # run that is still going. Leave this one pending.
         raise IntrospectionBusy(
             f"Session {run.session_id} is being introspected by another run.",
             details={"session": run.session_id, "run": run.pk},
-        )
+        ) from exc
     if claimed:
         run.status, run.started_at = Status.RUNNING, now
     return claimed
@@ -468,7 +468,7 @@ def _introspection_converse(*, run: IntrospectionRun, session: Session, prompt: 
         messages.append(result.as_assistant_message())
         messages.extend(
             {"role": "tool", "tool_call_id": call.id, "content": output}
-            for call, output in zip(result.tool_calls, outputs)
+            for call, output in zip(result.tool_calls, outputs, strict=True)  # one output per call
         )
 
 

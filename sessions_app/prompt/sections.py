@@ -248,7 +248,7 @@ def _participants(participants: Sequence[Participant], now: datetime) -> str:
         else f"One-on-one conversation. {ONE_ON_ONE_GUIDANCE}"
     )
     lines = [header]
-    for p, name in zip(participants, names):
+    for p, name in zip(participants, names, strict=True):
         line = f"- {name} ({one_line(p.platform)}): {_plural(p.message_count, 'message')}"
         if p.last_active_at is not None:
             line += f", last active {relative_age(p.last_active_at, now)}"

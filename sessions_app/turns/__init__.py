@@ -454,7 +454,7 @@ def _turn_converse(*, turn: Turn, session: Session, message: Event, lock: Sessio
         messages.append(result.as_assistant_message())
         messages.extend(
             {"role": "tool", "tool_call_id": call.id, "content": output}
-            for call, output in zip(result.tool_calls, outputs)
+            for call, output in zip(result.tool_calls, outputs, strict=True)  # one output per call
         )
 
     text = result.content or ""
@@ -513,7 +513,7 @@ def _tool_round_store(*, session: Session, turn: Turn, content: str | None, call
             token_count=count_tokens(content or "") + sum(count_tokens(json.dumps(call)) for call in stored_calls),
             data={"tool_calls": stored_calls, "turn": turn.pk},
         )
-        for call, output in zip(calls, outputs):
+        for call, output in zip(calls, outputs, strict=True):
             Event.objects.create(
                 session=session, kind=Event.Kind.TOOL_RESULT, role=Event.Role.TOOL, content=output,
                 platform=platform, token_count=count_tokens(output),

@@ -120,10 +120,12 @@ def _workflow_lineage_tool(workflow_id: int) -> Tool:
             raise ToolArgumentError("this session's workflow no longer exists.")
         try:
             graph = node_lineage(workflow=workflow, client_id=args["node"])
-        except ValueError:
+        except ValueError as exc:
             ids = list(Node.objects.filter(workflow=workflow).order_by("id").values_list("client_id", flat=True)[:31])
             listed = ", ".join(ids[:30]) + (", …" if len(ids) > 30 else "")
-            raise ToolArgumentError(f"no node {args['node']!r} in workflow {workflow.name!r}; its nodes: {listed}.")
+            raise ToolArgumentError(
+                f"no node {args['node']!r} in workflow {workflow.name!r}; its nodes: {listed}."
+            ) from exc
         fmt = args.get("format", "narrative")
         lineage = node_lineage_export(workflow=workflow, graph=graph, fmt=fmt, namespace="",
                                       max_chars=args.get("max_chars", LINEAGE_DEFAULT_CHARS))

@@ -11,12 +11,11 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
-from kinsite.services import api_token_issue, api_token_revoke
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from kinsite.models import Kin
+from kinsite.services import api_token_issue, api_token_revoke
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Event, Session, Turn
-from workflows.models import Node, NodeRun, Workflow
 from tests.factories import (
     ConsolidationRunFactory,
     ExperienceVersionFactory,
@@ -30,6 +29,7 @@ from tests.factories import (
     TurnFactory,
     WorkflowFactory,
 )
+from workflows.models import Node, NodeRun, Workflow
 
 API_PREFIX = "/api/v1/"
 # Routes that are public by design and have no team data.

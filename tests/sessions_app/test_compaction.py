@@ -66,7 +66,8 @@ def chatter(session, first_minute: int, count: int) -> list[Event]:
             events.append(say(session, minute, f"Noted: region {minute} gets the revised churn numbers by Friday.",
                               sender="", role=Event.Role.ASSISTANT))
         else:
-            events.append(say(session, minute, f"Please add region {minute} to the quarterly churn report for the board."))
+            text = f"Please add region {minute} to the quarterly churn report for the board."
+            events.append(say(session, minute, text))
     return events
 
 

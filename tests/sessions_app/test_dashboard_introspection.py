@@ -106,7 +106,7 @@ def test_runs_show_what_each_changed_newest_first(logged_in, chat_session):
     newer = make_run(
         chat_session, trigger="checkpoint", event_count=3, first_event_id=11, last_event_id=13,
         duration_ms=2500, tokens_in=1200, tokens_out=80,
-        summary="Introspection added 1 memory (#%d); updated the working memory." % memory.pk,
+        summary=f"Introspection added 1 memory (#{memory.pk}); updated the working memory.",
         tool_calls=[
             {"name": "memory_add", "arguments": {"content": "The churn report dedups by customer id."},
              "result": '{"status": "staged"}', "applied": '{"status": "created"}'},

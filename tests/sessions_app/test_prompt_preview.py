@@ -52,7 +52,9 @@ def test_preview_is_what_the_turn_then_sends(api_client, chat_session, fake_llm)
     post(api_client, chat_session, "Who owns the launch checklist?", sender="Maria", platform="web")
     sent = chat_requests(fake_llm)[0]["messages"]
     # The same prompt but for the clock line(s) of the context section.
-    strip_clock = lambda text: [line for line in text.splitlines() if not line.startswith(("Time:", "ISO timestamp:"))]
+    def strip_clock(text):
+        return [line for line in text.splitlines() if not line.startswith(("Time:", "ISO timestamp:"))]
+
     assert strip_clock(sent[0]["content"]) == strip_clock(body["system_prompt"])
     assert sent[1:] == [item["sent"] for item in body["history"]]
 
@@ -129,7 +131,8 @@ def test_preview_keeps_tool_calls_with_their_results(api_client, chat_session, k
     MessageFactory(session=chat_session, content="remember this")
     ToolCallFactory(session=chat_session, token_count=600,
                     data={"tool_calls": [{"id": "c1", "name": "memorize", "arguments": "{}"}]})
-    ToolResultFactory(session=chat_session, content="ok", token_count=600, data={"tool_call_id": "c1", "name": "memorize"})
+    ToolResultFactory(session=chat_session, content="ok", token_count=600,
+                      data={"tool_call_id": "c1", "name": "memorize"})
     MessageFactory(session=chat_session, content="done", role="assistant", sender="")
 
     body = preview(api_client, chat_session, message="next").json()

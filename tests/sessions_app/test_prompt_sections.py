@@ -94,7 +94,9 @@ def test_identity_of_a_top_level_kin():
     )
 
 
-@pytest.mark.parametrize("reason", ["review the pull request", "to review the pull request.", " review the pull request "])
+@pytest.mark.parametrize(
+    "reason", ["review the pull request", "to review the pull request.", " review the pull request "]
+)
 def test_identity_of_a_sub_kin_names_its_parent_and_purpose(reason):
     identity = KinIdentity(name="Scout", parent_name="Atlas", spawn_reason=reason)
     assert sections_by_id(make_inputs(identity=identity))["identity"] == (
@@ -124,7 +126,9 @@ def test_instructions_cover_calibration_tools_multi_user_and_honesty():
 
 def test_platforms_section_lists_every_platform_once():
     lines = sections_by_id(make_inputs())["platforms"].splitlines()
-    assert [line.split(":")[0] for line in lines] == ["- web", "- telegram", "- discord", "- slack", "- whatsapp", "- api"]
+    assert [line.split(":")[0] for line in lines] == [
+        "- web", "- telegram", "- discord", "- slack", "- whatsapp", "- api",
+    ]
     assert lines[0] == f"- web: {PLATFORM_FORMATTING['web']}"
 
 
@@ -256,14 +260,16 @@ def test_conversation_state_of_a_full_conversation_has_no_reminder():
 
 
 def test_summary_and_experience_are_quoted_and_the_canvas_kept_trimmed():
-    texts = sections_by_id(make_inputs(summary="\nMaria planned a trip.\n", canvas=" Step 2 ", experience_markdown="# Lessons\n- be brief\n"))
+    texts = sections_by_id(make_inputs(summary="\nMaria planned a trip.\n", canvas=" Step 2 ",
+                                       experience_markdown="# Lessons\n- be brief\n"))
     assert texts["summary"] == "> Maria planned a trip."
     assert texts["canvas"] == "Step 2"
     assert texts["experience"] == "> # Lessons\n> - be brief"
 
 
 def test_working_memory_section_carries_description_then_working_memory():
-    texts = sections_by_id(make_inputs(working_memory="Budget: 2000 EUR\nDates: May", description="Plan the Lisbon trip"))
+    texts = sections_by_id(make_inputs(working_memory="Budget: 2000 EUR\nDates: May",
+                                       description="Plan the Lisbon trip"))
     assert texts["working_memory"] == "Session description: Plan the Lisbon trip\n\n> Budget: 2000 EUR\n> Dates: May"
     assert sections_by_id(make_inputs(working_memory="Budget: 2000 EUR"))["working_memory"] == "> Budget: 2000 EUR"
     assert sections_by_id(make_inputs(description="Plan it"))["working_memory"] == "Session description: Plan it"
@@ -313,7 +319,9 @@ def test_context_converts_to_a_non_utc_timezone_across_midnight():
 def test_context_follows_daylight_saving_time():
     now = datetime(2026, 7, 4, 12, 0, tzinfo=UTC)
     text = sections_by_id(make_inputs(now=now, timezone_name="America/New_York"))["context"]
-    assert text.splitlines()[:3] == ["Date: Saturday, July 4, 2026", "Time: 08:00", "ISO timestamp: 2026-07-04T08:00:00-04:00"]
+    assert text.splitlines()[:3] == [
+        "Date: Saturday, July 4, 2026", "Time: 08:00", "ISO timestamp: 2026-07-04T08:00:00-04:00",
+    ]
 
 
 def test_naive_now_is_rejected():
