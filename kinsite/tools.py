@@ -85,8 +85,13 @@ def check_arguments(schema: dict[str, Any], raw: str) -> dict[str, Any]:
                 value = int(value)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ToolArgumentError(f"{name} must be an integer.")
-            if value < spec.get("minimum", value) or value > spec.get("maximum", value):
-                raise ToolArgumentError(f"{name} must be between {spec['minimum']} and {spec['maximum']}.")
+            low, high = spec.get("minimum"), spec.get("maximum")
+            if (low is not None and value < low) or (high is not None and value > high):
+                if high is None:
+                    raise ToolArgumentError(f"{name} must be at least {low}.")
+                if low is None:
+                    raise ToolArgumentError(f"{name} must be at most {high}.")
+                raise ToolArgumentError(f"{name} must be between {low} and {high}.")
         elif spec["type"] == "string":
             if not isinstance(value, str):
                 raise ToolArgumentError(f"{name} must be a string.")

@@ -172,6 +172,8 @@ def test_update_needs_an_id_and_a_field(context):
     memory = add(context, "The deploy runs on Fridays")
     assert call("kin", "memory_update", context, {"content": "x"}).startswith("Error: missing required argument(s): id")
     assert call("kin", "memory_update", context, {"id": "abc"}).startswith("Error: id must be an integer")
+    # An id has a minimum and no maximum: the message names the one bound there is.
+    assert call("kin", "memory_update", context, {"id": 0, "importance": 5}) == "Error: id must be at least 1."
     assert "at least one of" in call("kin", "memory_update", context, {"id": memory.pk, "reason": "why"})
     assert "category must be one of" in call("kin", "memory_update", context, {"id": memory.pk, "category": "x"})
     assert MemoryChange.objects.filter(memory=memory).count() == 1
