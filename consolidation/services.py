@@ -15,7 +15,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -390,6 +391,20 @@ def _snapshot(*, kin: Kin, template: ResolvedTemplate, max_words: int) -> _Snaps
                      pending_ids=pending_ids, active_ids=pending_ids | {fact.pk for fact in active})
 
 
+@contextmanager
+def _locked_snapshot(*, kin: Kin, template: ResolvedTemplate,
+                     max_words: int) -> Iterator[tuple[_Snapshot | None, float]]:
+    """Hold the kin's lock for a run (ConsolidationBusy when another run holds it) and read
+    what the run starts from: its snapshot (None when the kin has no pending facts) and when
+    it started (time.monotonic())."""
+    with cache_lock(LOCK_KEY.format(kin_id=kin.pk)) as holder:
+        if holder is not None:
+            raise _busy(kin)
+        started = time.monotonic()
+        snapshot = _snapshot(kin=kin, template=template, max_words=max_words)
+        yield (snapshot if snapshot.pending_ids else None), started
+
+
 def consolidation_run(
     *,
     kin: Kin,
@@ -420,12 +435,8 @@ def consolidation_run(
             template_id=snapshot.template.template_id, max_words=max_words, rendered_prompt=snapshot.prompt,
             finished_at=timezone.now(),
         )
-    with cache_lock(LOCK_KEY.format(kin_id=kin.pk)) as holder:
-        if holder is not None:
-            raise _busy(kin)
-        started = time.monotonic()
-        snapshot = _snapshot(kin=kin, template=template, max_words=max_words)
-        if not snapshot.pending_ids:
+    with _locked_snapshot(kin=kin, template=template, max_words=max_words) as (snapshot, started):
+        if snapshot is None:
             raise _nothing_to_consolidate(kin)
         run = _start(kin=kin, trigger=trigger, night=night, snapshot=snapshot, max_words=max_words)
         return _execute(run=run, kin=kin, snapshot=snapshot, llm=llm, started=started)
@@ -452,12 +463,8 @@ def consolidation_run_requested(*, run_id: int) -> ConsolidationRun | None:
         return run
     kin = run.kin
     template = template_resolve(kind=KIND, kin=kin)
-    with cache_lock(LOCK_KEY.format(kin_id=kin.pk)) as holder:
-        if holder is not None:
-            raise _busy(kin)
-        started = time.monotonic()
-        snapshot = _snapshot(kin=kin, template=template, max_words=run.max_words)
-        if not snapshot.pending_ids:
+    with _locked_snapshot(kin=kin, template=template, max_words=run.max_words) as (snapshot, started):
+        if snapshot is None:
             return consolidation_skip(run_id=run.pk, reason=_nothing_to_consolidate(kin).message)
         now = timezone.now()
         with transaction.atomic():
@@ -488,8 +495,6 @@ def _busy(kin: Kin) -> ConsolidationBusy:
 
 
 INTERRUPTED = "Interrupted: the worker running it stopped before it finished."
-# Past Celery's hard time limit (which ends any task, and the kin's lock with it), plus a margin.
-STALLED_MARGIN = timedelta(minutes=1)
 
 
 def _interrupt_stale_runs(*, kin: Kin, now: datetime) -> None:
@@ -500,12 +505,6 @@ def _interrupt_stale_runs(*, kin: Kin, now: datetime) -> None:
     )
 
 
-def consolidation_stalled_after() -> timedelta:
-    """How long a run may be running before the stalled sweep looks at it: Celery's hard
-    time limit plus STALLED_MARGIN (7 minutes by default)."""
-    return timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT) + STALLED_MARGIN
-
-
 def _stalled_run_error(run: ConsolidationRun) -> str:
     """A stalled run, its kin's lock free, is failed: it applied nothing (consolidation_apply
     is one transaction), and its facts stay pending for the next night or request."""
@@ -514,7 +513,7 @@ def _stalled_run_error(run: ConsolidationRun) -> str:
 
 CONSOLIDATION_JOBS = JobKind(
     name="consolidation", label="consolidation runs", model="consolidation.ConsolidationRun",
-    task="consolidation.tasks.consolidate_kin_task", stalled_after=consolidation_stalled_after,
+    task="consolidation.tasks.consolidate_kin_task",
     free=lambda run: cache_key_free(LOCK_KEY.format(kin_id=run.kin_id)), give_up=_stalled_run_error,
     reads=("kin_id",),
 )
@@ -685,13 +684,6 @@ def consolidation_apply(
 # --- nightly ---------------------------------------------------------------------------------
 
 
-def _team_zone(name: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(name or "UTC")
-    except (ValueError, KeyError, OSError):
-        return ZoneInfo("UTC")  # Team.timezone is validated on save; a hand-edited row falls back
-
-
 def scheduled_night(*, now: datetime, zone: ZoneInfo) -> tuple[date, datetime]:
     """The night that is due at `now` in `zone`: the local date of the most recent
     CONSOLIDATION_HOUR:CONSOLIDATION_MINUTE at or before `now`, and that moment."""
@@ -721,7 +713,7 @@ def consolidation_nightly(*, now: datetime | None = None) -> list[ConsolidationR
             .filter(oldest_pending__isnull=False).select_related("team").order_by("pk"))
     runs = []
     for kin in kins:
-        night, moment = scheduled_night(now=now, zone=_team_zone(kin.team.timezone))
+        night, moment = scheduled_night(now=now, zone=kin.team.zone())
         if kin.oldest_pending is None or kin.oldest_pending >= moment:
             continue
         if ConsolidationRun.objects.filter(kin=kin, trigger=Trigger.NIGHTLY, night=night).exists():

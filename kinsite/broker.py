@@ -32,7 +32,7 @@ def mend_redis_channel_close() -> None:
     consumer ignores: they stay recorded in Redis, if Redis kept its data, until the running
     task acknowledges them or the visibility timeout delivers them again (tasks are
     idempotent); if Redis lost its data, the running tasks still finish and store their
-    outcome, and beat's sweeps take over what Redis lost (sessions_app.turns)."""
+    outcome, and beat's sweeps take over what Redis lost (kinsite.jobs)."""
     channel = kombu_redis.Channel
     if getattr(channel.close, "mends_dead_brpop", False):
         return

@@ -49,6 +49,14 @@ QUEUED_KEY = "kinsite:{kind}-queued:{job_id}"
 REDIS_OUTAGES = (BrokerUnreachable, RedisError, ServiceUnavailable)
 
 
+def past_task_time_limit() -> timedelta:
+    """JobKind.stalled_after's default: Celery's hard time limit, which ends any task still
+    going (and with it, the lease of the domain's lock), plus a minute for clocks that
+    differ between machines; 7 minutes by default. A job running for longer has no task
+    left working on it. Read at sweep time, since it derives from settings."""
+    return timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT) + timedelta(minutes=1)
+
+
 @dataclass(frozen=True)
 class JobKind:
     """One kind of job, as the sweeps see it."""
@@ -57,15 +65,15 @@ class JobKind:
     label: str  # in logs: "turns", "introspection runs", ...
     model: str  # "app_label.Model"
     task: str  # dotted path of the Celery task, which takes the job's id
-    # How long a job may be running before the stalled sweep looks at it (read at sweep time,
-    # since it derives from settings).
-    stalled_after: Callable[[], timedelta]
     # Whether nobody is working on a stalled job: a context manager yielding True to go
     # ahead, held while the job's fate is written (a lock taken without waiting, or a peek).
     free: Callable[[Model], AbstractContextManager[bool]]
     # The domain's decision on a stalled job nobody is working on: None runs it again,
     # a text fails it with that error.
     give_up: Callable[[Model], str | None]
+    # How long a job may be running before the stalled sweep looks at it (read at sweep time,
+    # since it derives from settings).
+    stalled_after: Callable[[], timedelta] = past_task_time_limit
     # Fields `free` and `give_up` read, besides pk and started_at.
     reads: tuple[str, ...] = ()
     counts_attempts: bool = False  # the model has `attempts`, one more at each claim
@@ -126,6 +134,14 @@ def job_send_on_commit(kind: JobKind, job_id: int) -> None:
     transaction.on_commit(lambda: job_send(kind, job_id))
 
 
+def job_send_if_stale(kind: JobKind, job: Model, *, after: timedelta) -> None:
+    """For a request that reuses a pending job: send its task again (on commit) if the job
+    is older than `after`. Its task may be lost, and the embedded mode (eager Celery) has no
+    beat to run the requeue sweep; if it is not, the second delivery does nothing (job_claim)."""
+    if job.created_at < timezone.now() - after:
+        job_send_on_commit(kind, job.pk)
+
+
 def job_claim(kind: JobKind, job_id: int, *, rerun: bool = False, now: datetime | None = None, **fields) -> bool:
     """Mark the job running, if it is pending (also if it is running, with `rerun`: the
     caller holds the domain's lock, so no live process has it). A conditional UPDATE:
@@ -155,11 +171,12 @@ def jobs_requeue(kind: JobKind, *, now: datetime | None = None) -> list[int]:
     )
     if not pending:
         return []
+    keys = {job_id: job_queued_key(kind, job_id) for job_id in pending}
     requeued = []
     try:
-        queued = cache.get_many([job_queued_key(kind, job_id) for job_id in pending])
-        for job_id in pending:
-            if job_queued_key(kind, job_id) not in queued:
+        queued = cache.get_many(list(keys.values()))
+        for job_id, key in keys.items():
+            if key not in queued:
                 job_send(kind, job_id)
                 requeued.append(job_id)
     except REDIS_OUTAGES as exc:

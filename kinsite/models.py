@@ -24,6 +24,14 @@ class Team(models.Model):
     def __str__(self):
         return self.name
 
+    def zone(self, default: str = "UTC") -> zoneinfo.ZoneInfo:
+        """The team's time zone; `default` when the name is unknown (it is validated on save,
+        but a hand-edited row must not fail every prompt or nightly scan)."""
+        try:
+            return zoneinfo.ZoneInfo(self.timezone or default)
+        except (ValueError, KeyError, OSError):  # ZoneInfoNotFoundError is a KeyError
+            return zoneinfo.ZoneInfo(default)
+
 
 class Membership(models.Model):
     class Role(models.TextChoices):

@@ -1,4 +1,4 @@
-"""Memory ranking and sameness as pure functions over plain data: the selectors read
+"""Memory ranking and sameness as pure functions over plain data: memories.search reads
 the database once and hand these functions dataclasses; nothing here touches Django's ORM.
 
 Final score of a candidate (every factor is documented where its constant is):

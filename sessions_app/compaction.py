@@ -16,7 +16,14 @@ from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from kinsite.cachelock import cache_lock
-from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit
+from kinsite.jobs import (
+    JobKind,
+    cache_key_free,
+    job_claim,
+    job_send_if_stale,
+    job_send_on_commit,
+    past_task_time_limit,
+)
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.types import LLMBadResponse, LLMError
 from kinsite.models import PromptTemplate
@@ -32,14 +39,13 @@ LOCK_KEY = "kinsite:compaction:session:{session_id}"
 # A run whose worker stopped this many times is failed rather than started again for ever;
 # the next turn over the threshold requests a new one.
 COMPACTION_MAX_ATTEMPTS = 3
-# Past Celery's hard time limit (which ends any task, and the lock with it), plus a margin.
-STALLED_MARGIN = timedelta(minutes=1)
 # A pending run older than this is sent again when a request finds it (as introspection's).
 STALE_PENDING = timedelta(minutes=10)
 
 # A stored sender's length (Event.sender); longer names are cut when shown.
 SENDER_MAX_CHARS = 200
 # Tool traffic is shown compactly: the summary needs what was done, not every byte returned.
+TOOL_NAME_MAX_CHARS = 200
 TOOL_ARGUMENTS_MAX_CHARS = 200
 TOOL_RESULT_MAX_CHARS = 300
 
@@ -197,10 +203,6 @@ def _iso(moment: datetime) -> str:
     return moment.isoformat(timespec="seconds")
 
 
-def _clip(text: str, limit: int) -> str:
-    return one_line(text, limit)
-
-
 def _speaker(event: Event, kin_name: str) -> str:
     if event.sender:
         return one_line(event.sender, SENDER_MAX_CHARS)
@@ -219,13 +221,13 @@ def transcript_line(event: Event, *, kin_name: str) -> str:
             arguments = call.get("arguments")
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
-            name = one_line(str(call.get("name") or ""), TOOL_ARGUMENTS_MAX_CHARS) or "tool"
-            calls.append(f"{name}({_clip(arguments, TOOL_ARGUMENTS_MAX_CHARS)})")
+            name = one_line(str(call.get("name") or ""), TOOL_NAME_MAX_CHARS) or "tool"
+            calls.append(f"{name}({one_line(arguments, TOOL_ARGUMENTS_MAX_CHARS)})")
         line = f"{stamp} {_speaker(event, kin_name)} called {', '.join(calls) or 'a tool'}"
         return continued(f"{line} and said: ", event.content) if event.content.strip() else line
     if event.kind == Event.Kind.TOOL_RESULT:
-        name = one_line(str(data.get("name") or ""), TOOL_ARGUMENTS_MAX_CHARS) or "tool"
-        return f"{stamp} {name} returned: {_clip(event.content, TOOL_RESULT_MAX_CHARS)}"
+        name = one_line(str(data.get("name") or ""), TOOL_NAME_MAX_CHARS) or "tool"
+        return f"{stamp} {name} returned: {one_line(event.content, TOOL_RESULT_MAX_CHARS)}"
     return continued(f"{stamp} {_speaker(event, kin_name)}: ", event.content)
 
 
@@ -368,10 +370,8 @@ def compaction_request(*, session: Session) -> CompactionRun:
         # Two racing requests may both create one: harmless, the second finds nothing to do.
         run = CompactionRun.objects.create(session=session)
         job_send_on_commit(COMPACTION_JOBS, run.pk)
-    elif run.created_at < timezone.now() - STALE_PENDING:
-        # Its task may be lost, and the embedded mode (eager Celery) has no beat to run the
-        # requeue sweep; a second delivery is a no-op if it is not.
-        job_send_on_commit(COMPACTION_JOBS, run.pk)
+    else:
+        job_send_if_stale(COMPACTION_JOBS, run, after=STALE_PENDING)
     return run
 
 
@@ -409,11 +409,9 @@ def _run_close(run: CompactionRun, *, status: str, summary: Summary | None = Non
     )
 
 
-def compaction_stalled_after() -> timedelta:
-    """How long a run may be running before the stalled sweep looks at it: Celery's hard
-    time limit, which ends any task (its session's compaction lock expires with it), plus
-    STALLED_MARGIN."""
-    return timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT) + STALLED_MARGIN
+# How long a run may be running before the stalled sweep looks at it (its session's
+# compaction lock expires with its task); for the tests, which read it.
+compaction_stalled_after = past_task_time_limit
 
 
 def _stalled_run_error(run: CompactionRun) -> str | None:
@@ -428,7 +426,7 @@ def _stalled_run_error(run: CompactionRun) -> str | None:
 
 COMPACTION_JOBS = JobKind(
     name="compaction", label="compaction runs", model="sessions_app.CompactionRun",
-    task="sessions_app.tasks.compact_session_task", stalled_after=compaction_stalled_after,
+    task="sessions_app.tasks.compact_session_task",
     free=lambda run: cache_key_free(LOCK_KEY.format(session_id=run.session_id)), give_up=_stalled_run_error,
     reads=("session_id", "attempts"), counts_attempts=True,
 )

@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 
 
 # The name it had when it lived in sessions_app/turn_tasks.py: the wire name of queued
-# messages and of TURN_JOBS, so turns queued before a deploy still run after it.
+# messages, so turns queued before a deploy still run after it.
 # No autoretry: a model failure is recorded on the turn (the client polls it and may post
 # again), and a killed worker's turn is picked up again by acks_late (turn_run is idempotent).
 @shared_task(name="sessions_app.turn_tasks.run_turn_task")

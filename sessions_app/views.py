@@ -33,7 +33,7 @@ CONVERSATION_KINDS = (Event.Kind.MESSAGE, Event.Kind.COMMAND)
 TOOL_KINDS = (Event.Kind.TOOL_CALL, Event.Kind.TOOL_RESULT)
 # Everything typed in the dashboard is the web platform.
 PLATFORM = Event.Platform.WEB
-SENDER_MAX_CHARS = 200  # Event.sender's length
+SENDER_MAX_CHARS = Event._meta.get_field("sender").max_length
 # The introspection panel lists the newest runs; "Show older runs" adds this many more, up to the maximum.
 RUNS_PER_PAGE = 10
 RUNS_MAX = 200

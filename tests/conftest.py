@@ -3,10 +3,11 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from django.core.cache import cache
 from django.db import connection
 from rest_framework.test import APIClient
 
-from kinsite.llm.providers import OpenAICompatibleProvider, provider_override
+from kinsite.llm.providers import OpenAICompatibleProvider, ScriptedProvider, provider_override
 from kinsite.services import api_token_issue
 from tests.factories import KinFactory, MembershipFactory, SessionFactory, TeamFactory, UserFactory
 from tests.support.fake_openai import FakeOpenAIServer, fake_openai_server
@@ -81,7 +82,25 @@ def anon_client():
     return APIClient()
 
 
+@pytest.fixture
+def empty_cache():
+    """Queued markers and locks of earlier tests must not name this test's rows (ids repeat).
+    Not autouse: the modules that need it say `pytestmark = pytest.mark.usefixtures("empty_cache")`."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
 # --- the LLM, faked (SPEC §10: tests never touch the network) --------------------------------
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedProvider]:
+    """The scripted fake model every gateway call goes to (introspection, compaction,
+    consolidation, chat turns)."""
+    provider = ScriptedProvider()
+    with provider_override(provider):
+        yield provider
 
 
 @pytest.fixture

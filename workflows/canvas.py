@@ -8,16 +8,13 @@ from collections import Counter
 from collections.abc import Callable
 
 from workflows.lineage import GraphInfo, NodeInfo, collect_lineage, lineage_to_narrative, name_text
+from workflows.nodes.base import plural
 
 # Below this many characters a narrative says too little to be worth its header, so the
 # inventory is shortened first, and then fewer terminal nodes are narrated.
 MIN_NARRATIVE_CHARS = 200
 # The most the inventory takes once it has to be shortened, as a share of the budget.
 SHORT_INVENTORY_SHARE = 0.35
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _name(node: NodeInfo) -> str:
@@ -43,7 +40,7 @@ def _terminal_header(node: NodeInfo) -> str:
     if node.records_out is None:
         counts = "not run yet"
     elif node.records_in is None:
-        counts = f"{_plural(node.records_out, 'record')} out"
+        counts = f"{plural(node.records_out, 'record')} out"
     else:
         counts = f"{node.records_in} records in, {node.records_out} out"
     return f"Terminal node {_name(node)} ({name_text(node.type)}), {counts}:"
@@ -71,7 +68,7 @@ def _short_inventory(nodes: list[NodeInfo], room: int) -> list[str]:
 
 def _rest_line(nodes: list[NodeInfo]) -> str:
     by_status = Counter(n.status for n in nodes)
-    return (f"- …and {_plural(len(nodes), 'more node')}: "
+    return (f"- …and {plural(len(nodes), 'more node')}: "
             + ", ".join(f"{count} {status}" for status, count in sorted(by_status.items())) + ".")
 
 
@@ -93,7 +90,7 @@ def canvas_text(*, workflow_name: str, graph: GraphInfo, describe: Callable[[Nod
     fewer terminal nodes are narrated (the others are counted in one line)."""
     nodes = graph.nodes
     title = (
-        f'Workflow "{name_text(workflow_name)}" ({_plural(len(nodes), "node")}, {_plural(len(graph.edges), "edge")}).'
+        f'Workflow "{name_text(workflow_name)}" ({plural(len(nodes), "node")}, {plural(len(graph.edges), "edge")}).'
     )
     if not nodes:
         return _fit([title + " It has no nodes yet."], max_chars)
@@ -112,7 +109,7 @@ def canvas_text(*, workflow_name: str, graph: GraphInfo, describe: Callable[[Nod
 
     lines = [title, *inventory]
     left_out = len(terminals) - len(shown)
-    tail = [f"{_plural(left_out, 'more terminal node')} not narrated here (use workflow_lineage)."] if left_out else []
+    tail = [f"{plural(left_out, 'more terminal node')} not narrated here (use workflow_lineage)."] if left_out else []
     headers = [_terminal_header(node) for node in shown]
     room = max_chars - _length(lines) - _length(tail) - _length(headers) + 1
     for index, (node, header) in enumerate(zip(shown, headers, strict=True)):

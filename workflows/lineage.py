@@ -11,9 +11,9 @@ Staleness. A node's results are judged from its fields:
 - settings changed: it has results but `current_fingerprint` (its config now) differs from
   `config_fingerprint` (its config when the results were produced). An empty
   `current_fingerprint` means "not computed" and is never a change.
-The node itself is judged too by default (the canvas shows *its* records); the executor,
-computing `{{_lineage}}` for a node it is about to run, passes `check_self=False`, since
-that node's results are about to be replaced.
+The node itself is judged too by default (the canvas shows *its* records); `check_self=False`
+judges only its upstream. `{{_lineage}}`, for a node about to run, is `lineage_upstream` of
+the graph, which drops the node's own entry and reason: its results are about to be replaced.
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def name_text(text: str) -> str:
 
 def default_describer(node: NodeInfo) -> str:
     # Counts are appended to every step by the narrative, so the generic sentence names
-    # the step only (the registry's describers should not repeat the counts either).
+    # the step only (the node types' describers, workflows.nodes, should not repeat the counts either).
     kind = name_text(node.type) or "unknown"
     if node.label and node.label != node.type:
         return f'Runs "{name_text(node.label)}", a {kind} step'

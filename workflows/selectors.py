@@ -85,13 +85,12 @@ def describe_node_info(node: NodeInfo) -> str:
     return describe_step(node.type, node.config, label=node.label)
 
 
-def node_lineage(*, workflow: Workflow, client_id: str, check_self: bool = True) -> GraphInfo:
-    return lineage.collect_lineage(
-        workflow_graph_info(workflow=workflow), client_id, describe=describe_node_info, check_self=check_self
-    )
+def node_lineage(*, workflow: Workflow, client_id: str) -> lineage.LineageGraph:
+    return lineage.collect_lineage(workflow_graph_info(workflow=workflow), client_id, describe=describe_node_info)
 
 
-def node_lineage_export(*, workflow: Workflow, graph: GraphInfo, fmt: str, namespace: str, max_chars: int = 2000):
+def node_lineage_export(*, workflow: Workflow, graph: lineage.LineageGraph, fmt: str, namespace: str,
+                        max_chars: int = 2000):
     """A node's lineage in one of the export formats, as the API and the dashboard serve
     it. `namespace` (the workflow's API address) names the workflow in PROV and
     OpenLineage; the OpenLineage run id is derived from the workflow's last run."""
@@ -111,8 +110,8 @@ def node_lineage_export(*, workflow: Workflow, graph: GraphInfo, fmt: str, names
 def node_lineage_narrative(*, workflow: Workflow, client_id: str, max_chars: int = 2000) -> str:
     """The narrative a node about to run sees as {{_lineage}}: the lineage of what fed it, its
     upstream steps without itself (it has no records yet, and its prompt already says what
-    it does); only those upstream nodes can make it stale."""
-    graph = node_lineage(workflow=workflow, client_id=client_id, check_self=False)
+    it does); only those upstream nodes can make it stale (lineage_upstream drops its own entry)."""
+    graph = node_lineage(workflow=workflow, client_id=client_id)
     return lineage.lineage_to_narrative(lineage.lineage_upstream(graph), max_chars=max_chars)
 
 

@@ -161,9 +161,10 @@ class OpenAICompatibleProvider:
             payload["temperature"] = temperature
         with self._logged("/chat/completions") as url:
             body, attempts = self._post(url, payload)
-            return self._chat_result(body, attempts, messages=messages, model=model, json_mode=json_mode)
+            return self._chat_result(body, attempts, messages=messages, model=model, json_mode=json_mode,
+                                     where=self._where(url))
 
-    def _chat_result(self, body, attempts, *, messages, model, json_mode) -> ChatResult:
+    def _chat_result(self, body, attempts, *, messages, model, json_mode, where: str) -> ChatResult:
         try:
             choice = body["choices"][0]
             message = choice["message"]
@@ -172,13 +173,13 @@ class OpenAICompatibleProvider:
             tool_calls = [self._parse_tool_call(raw, index) for index, raw in enumerate(raw_calls)]
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise LLMBadResponse(
-                f"The model endpoint at …/chat/completions answered without a usable choice ({exc!r}): "
+                f"The model endpoint at {where} answered without a usable choice ({exc!r}): "
                 f"{self._redact(json.dumps(body)[:300])}",
                 attempts=attempts,
             ) from exc
         if json_mode and not tool_calls:
             try:
-                content = check_json_answer(content, source="The model at …/chat/completions")
+                content = check_json_answer(content, source=f"The model at {where}")
             except LLMBadResponse as exc:
                 exc.attempts = attempts
                 raise
@@ -210,12 +211,13 @@ class OpenAICompatibleProvider:
                 vectors = [[float(x) for x in row["embedding"]] for row in rows]
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise LLMBadResponse(
-                    f"The embeddings endpoint at …/embeddings answered without usable vectors ({exc!r}).",
+                    f"The embeddings endpoint at {self._where(url)} answered without usable vectors ({exc!r}).",
                     attempts=attempts,
                 ) from exc
             if len(vectors) != len(texts):
                 raise LLMBadResponse(
-                    f"The embeddings endpoint at …/embeddings returned {len(vectors)} vectors for {len(texts)} texts.",
+                    f"The embeddings endpoint at {self._where(url)} returned {len(vectors)} vectors "
+                    f"for {len(texts)} texts.",
                     attempts=attempts,
                 )
         usage = body.get("usage") or {}

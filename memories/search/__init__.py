@@ -49,14 +49,12 @@ DUPLICATE_TEXT_CANDIDATES = 20
 
 
 def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject: str = "",
-                          embedding: Embedding | None = None, exclude_id: int | None = None) -> Memory | None:
+                          embedding: Embedding | None = None) -> Memory | None:
     """An active memory in the same scope (the kin's own, or the team-shared ones
     when kin is None) that says the same thing as `content`, or None. Same thing:
     nearly the same stemmed terms, or (both embedded) a near-identical vector; two set
     subjects that differ are never the same (thresholds: memories.ranking)."""
     scope = memory_list(team=team, kin=kin, include_shared=False, status=Memory.Status.ACTIVE)
-    if exclude_id is not None:
-        scope = scope.exclude(pk=exclude_id)
     new_terms = ranking.term_set(content)
     search_terms = query_terms(content)
     if not new_terms or not search_terms:

@@ -10,11 +10,11 @@ applies nothing and leaves the cursor, so the next run reads the same events aga
 One run per session at a time: a cache lock (Redis in production) whose value names the
 run holding it, backed by the database's partial unique constraint on running runs.
 
-Two sweeps (beat, every minute) keep runs from waiting for ever: `introspection_requeue`
-sends again the pending runs whose task never reached the broker or was lost with it, and
-`introspection_recover_stalled` fails the runs left running by a worker that stopped. Both
-are kinsite.jobs' (INTROSPECTION_JOBS); this module decides only that a stalled run, its
-lock free, is failed."""
+kinsite.jobs' sweeps keep runs from waiting for ever (beat runs them every minute, over
+every kind of job: kinsite.tasks' requeue_jobs_task and recover_stalled_jobs_task): one
+sends again the pending runs whose task never reached the broker or was lost with it, the
+other fails the runs left running by a worker that stopped. This module declares the runs'
+kind (INTROSPECTION_JOBS) and decides only that a stalled run, its lock free, is failed."""
 from __future__ import annotations
 
 import json
@@ -33,7 +33,16 @@ from django.utils import timezone
 from consolidation.services import fact_record
 from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict
-from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit, jobs_recover_stalled, jobs_requeue
+from kinsite.jobs import (
+    JobKind,
+    cache_key_free,
+    job_claim,
+    job_send_if_stale,
+    job_send_on_commit,
+    jobs_recover_stalled,
+    jobs_requeue,
+    past_task_time_limit,
+)
 from kinsite.llm.gateway import llm_chat
 from kinsite.models import Kin
 from kinsite.prompt_safety import one_line, quoted
@@ -66,9 +75,6 @@ SUMMARY_NOTE_MAX_CHARS = 500
 NOTHING_WORTH_STORING = "Nothing worth storing."
 # A pending run older than this is enqueued again when reused: its task may have been lost.
 STALE_PENDING = timedelta(minutes=10)
-# Past Celery's hard time limit (which ends any task, and with it the session lock's
-# lifetime), plus a margin for clocks that differ between machines.
-STALLED_MARGIN = timedelta(minutes=1)
 INTERRUPTED = "Interrupted: the worker running it stopped before it finished."
 
 INTROSPECTION_SYSTEM = (
@@ -139,14 +145,11 @@ def introspection_request(*, session: Session, trigger: str) -> IntrospectionRun
         Session.objects.select_for_update().filter(pk=session.pk).values_list("pk").first()
         run = IntrospectionRun.objects.filter(session=session, status=Status.PENDING).order_by("id").first()
         if run is not None:
-            if run.created_at < timezone.now() - STALE_PENDING:
-                # Its task may be lost, and the embedded mode (eager Celery) has no beat to run
-                # introspection_requeue; a second delivery is a no-op if it is not.
-                job_send_on_commit(INTROSPECTION_JOBS, run.pk)
+            job_send_if_stale(INTROSPECTION_JOBS, run, after=STALE_PENDING)
             return run
         run = IntrospectionRun.objects.create(session=session, trigger=trigger)
         # The broker down: this raises (the API answers 503) and the run stays pending for
-        # introspection_requeue.
+        # the requeue sweep (kinsite.tasks.requeue_jobs_task).
         job_send_on_commit(INTROSPECTION_JOBS, run.pk)
     return run
 
@@ -434,10 +437,7 @@ def _introspection_converse(*, run: IntrospectionRun, session: Session, prompt: 
     kin = session.kin
     tools = introspection_toolset()
     schemas = [tool.schema for tool in tools.values()]
-    tool_context = ToolContext(
-        team=kin.team, kin=kin, actor=Actor(label=f"introspection_run:{run.pk}"),
-        source=Memory.Source.INTROSPECTION, source_ref=f"introspection_run:{run.pk}",
-    )
+    tool_context = _tool_context(run=run, kin=kin)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": INTROSPECTION_SYSTEM},
         {"role": "user", "content": prompt},
@@ -472,6 +472,14 @@ def _introspection_converse(*, run: IntrospectionRun, session: Session, prompt: 
         )
 
 
+def _tool_context(*, run: IntrospectionRun, kin: Kin) -> ToolContext:
+    """Who the run's tools act as, staging and applying alike."""
+    return ToolContext(
+        team=kin.team, kin=kin, actor=Actor(label=f"introspection_run:{run.pk}"),
+        source=Memory.Source.INTROSPECTION, source_ref=f"introspection_run:{run.pk}",
+    )
+
+
 def _tool_run(tools, call, tool_context: ToolContext, state: IntrospectionState, index: int) -> str:
     tool = tools.get(call.name)
     if tool is None:
@@ -496,10 +504,7 @@ def _apply(*, run: IntrospectionRun, session: Session, state: IntrospectionState
     """Apply the staged changes, write the end event (the new cursor) and close the run,
     all in one transaction."""
     kin = session.kin
-    tool_context = ToolContext(
-        team=kin.team, kin=kin, actor=Actor(label=f"introspection_run:{run.pk}"),
-        source=Memory.Source.INTROSPECTION, source_ref=f"introspection_run:{run.pk}",
-    )
+    tool_context = _tool_context(run=run, kin=kin)
     with transaction.atomic():
         touched: list[dict[str, Any]] = []
         for write in state.memory_writes:
@@ -593,11 +598,10 @@ def introspection_requeue(*, now: datetime | None = None) -> list[int]:
     return jobs_requeue(INTROSPECTION_JOBS, now=now)
 
 
-def run_stalled_after() -> timedelta:
-    """How long a run must have been running, with its session's introspection lock free,
-    before the stalled-run sweep fails it: Celery's hard time limit, which kills any task
-    still going (the lock expires with it too), plus STALLED_MARGIN; 7 minutes by default."""
-    return timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT) + STALLED_MARGIN
+# How long a run must have been running, with its session's introspection lock free,
+# before the stalled-run sweep fails it (the lock expires with its task); 7 minutes by default.
+# Kept for the tests, which read it.
+run_stalled_after = past_task_time_limit
 
 
 def introspection_recover_stalled(*, now: datetime | None = None) -> list[int]:
@@ -617,14 +621,14 @@ def introspection_recover_stalled(*, now: datetime | None = None) -> list[int]:
 def _stalled_run_error(run: IntrospectionRun) -> str:
     """A stalled run, its lock free, is failed: it applied nothing, so running it again is
     the idle scan's business (it finds the session's events after the cursor)."""
-    minutes = round(run_stalled_after().total_seconds() / 60)
+    minutes = round(past_task_time_limit().total_seconds() / 60)
     return (f"{INTERRUPTED} It was still running after {minutes} minutes with nobody working on it. Nothing was "
             f"applied and the cursor did not move: the next run reads the same events.")
 
 
 INTROSPECTION_JOBS = JobKind(
     name="introspection", label="introspection runs", model="sessions_app.IntrospectionRun",
-    task="sessions_app.tasks.introspect_session_task", stalled_after=run_stalled_after,
+    task="sessions_app.tasks.introspect_session_task",
     free=lambda run: cache_key_free(LOCK_KEY.format(session_id=run.session_id)), give_up=_stalled_run_error,
     reads=("session_id",),
 )

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any, NamedTuple
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.db import connection
@@ -17,7 +16,7 @@ from django.utils import timezone
 
 from consolidation.selectors import experience_markdown_sql, experience_nested
 from kinsite.llm.types import Message, ToolCall
-from kinsite.models import Kin, Team
+from kinsite.models import Kin
 from kinsite.prompt_safety import one_line
 from kinsite.rawsql import aware_datetime
 from kinsite.tokencount import count_tokens
@@ -139,13 +138,12 @@ class Boundary:
 class SessionExtras(NamedTuple):
     """What a prompt needs beyond the session and kin rows the caller holds: the kin's
     current experience document, its parent's name, the attached workflow's name, the
-    team's time zone, the newest compaction summary, and per (role, sender, platform) the
+    newest compaction summary, and per (role, sender, platform) the
     session's message count and newest message time."""
 
     experience_markdown: str
     parent_name: str | None
     workflow_name: str | None
-    timezone_name: str
     summary: Boundary | None
     counts: list[tuple[str, str, str, int, datetime]]
 
@@ -167,7 +165,7 @@ def _session_extras(session: Session) -> SessionExtras:
     index), written as SQL: the same read through the ORM, with its annotations and
     joins, cost ~7 ms of Python per turn to compile."""
     kin = session.kin
-    kin_table, workflow_table, team_table = Kin._meta.db_table, Workflow._meta.db_table, Team._meta.db_table
+    kin_table, workflow_table = Kin._meta.db_table, Workflow._meta.db_table
     summary_table, event_table = Summary._meta.db_table, Event._meta.db_table
     newest_summary = (f"(SELECT y.id FROM {summary_table} y WHERE y.session_id = %s "
                       f"ORDER BY y.created_at DESC, y.id DESC LIMIT 1)")
@@ -175,7 +173,6 @@ def _session_extras(session: Session) -> SessionExtras:
         SELECT {experience_markdown_sql("%s")},
                (SELECT p.name FROM {kin_table} p WHERE p.id = %s),
                (SELECT w.name FROM {workflow_table} w WHERE w.id = %s),
-               (SELECT t.timezone FROM {team_table} t WHERE t.id = %s),
                {_counts_sql()},
                y.content, y.last_event_id, CAST(e.created_at AS TEXT), y.message_count
         FROM (SELECT 1) one
@@ -183,8 +180,8 @@ def _session_extras(session: Session) -> SessionExtras:
         LEFT JOIN {event_table} e ON e.id = y.last_event_id
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [kin.pk, kin.parent_id, session.workflow_id, kin.team_id, session.pk, session.pk])
-        (markdown, parent_name, workflow_name, zone, counts,
+        cursor.execute(sql, [kin.pk, kin.parent_id, session.workflow_id, session.pk, session.pk])
+        (markdown, parent_name, workflow_name, counts,
          content, last_event_id, last_at, message_count) = cursor.fetchone()
     summary = None
     if last_event_id is not None:
@@ -194,17 +191,7 @@ def _session_extras(session: Session) -> SessionExtras:
         counts = json.loads(counts)
     counts = [(role, sender, platform, count, aware_datetime(newest))
               for role, sender, platform, count, newest in counts or ()]
-    return SessionExtras(markdown or "", parent_name, workflow_name, _zone_name(zone), summary, counts)
-
-
-def _zone_name(name: str | None) -> str:
-    """The team's IANA time zone, or the server's (settings.TIME_ZONE) when it is unset or
-    unknown: a bad value typed into the database must not fail every turn."""
-    try:
-        ZoneInfo(name or "")
-    except (ValueError, ZoneInfoNotFoundError):
-        return settings.TIME_ZONE
-    return name
+    return SessionExtras(markdown or "", parent_name, workflow_name, summary, counts)
 
 
 def _canvas(session: Session, workflow_name: str | None) -> str:
@@ -406,6 +393,7 @@ def prompt_inputs_for(
         description=session.description,
         source=CurrentSource(platform=platform, sender=sender),
         now=now,
-        timezone_name=extras.timezone_name,
+        # The team came with the session (every caller reads session → kin → team in one go).
+        timezone_name=session.kin.team.zone(default=settings.TIME_ZONE).key,
     )
     return inputs, history, budget

@@ -11,11 +11,12 @@ memory the kin stored stays recorded), and the reply with the turn's outcome.
 
 When Redis is down the API answers 503 and says what it kept: a sync post stores
 nothing (no turn can run without the session lock); an async post keeps its message
-and pending turn, and `turns_requeue` (beat, every minute) queues the turn once the
-broker is back. A turn left running by a process that stopped (a killed worker or web
-process, or a task Redis lost) is taken over by `turns_recover_stalled` (beat, every
-minute) once nobody holds its session lock, and run again. Both sweeps are kinsite.jobs'
-(TURN_JOBS); this module decides only what a stalled turn needs: its session lock, free,
+and pending turn, and kinsite.jobs' requeue sweep queues the turn once the broker is back.
+A turn left running by a process that stopped (a killed worker or web process, or a task
+Redis lost) is taken over by kinsite.jobs' stalled sweep once nobody holds its session
+lock, and run again. Beat runs both sweeps every minute over every kind of job
+(kinsite.tasks' requeue_jobs_task and recover_stalled_jobs_task); this module declares the
+turns' kind (TURN_JOBS) and decides only what a stalled turn needs: its session lock, free,
 and whether it has starts left."""
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ class TurnFailed(UpstreamError):
 
 class TurnNotQueued(ServiceUnavailable):
     """An async turn is stored, but the broker (Redis) did not take its task; it stays
-    pending and turns_requeue queues it once the broker is back."""
+    pending and the requeue sweep (kinsite.tasks.requeue_jobs_task) queues it once the
+    broker is back."""
 
     code = "broker_unavailable"
 
@@ -134,7 +136,7 @@ def turn_run(*, turn_id: int) -> Turn | None:
     a task and each task runs one turn (within Celery's time limit). Turns thus run in post
     order whichever task a worker takes first, and no turn waits on another that has no
     task: the lock holder always has work it may do. A duplicate task (a redelivery, or
-    turns_requeue's) is harmless: it runs the next turn early, or finds nothing. A turn
+    the requeue sweep's) is harmless: it runs the next turn early, or finds nothing. A turn
     found running while we hold the session lock belonged to a process that stopped, so
     it is run again (at most TURN_MAX_ATTEMPTS starts). A model failure is recorded on
     the turn, not raised."""
@@ -165,7 +167,7 @@ def turns_requeue(*, now: datetime | None = None) -> list[int]:
     """Queue again the turns left pending without a task in the queue: async posts made
     while the broker was down (the post answered 503 and kept the turn), turns queued before
     Redis lost its data in a restart, and stalled turns the broker did not take when
-    turns_recover_stalled made them pending again. Returns their ids. A turn queued twice
+    the stalled sweep made them pending again. Returns their ids. A turn queued twice
     still runs once (turn_run claims it). kinsite.jobs.jobs_requeue: the oldest 500 pending
     turns (partial index turn_pending); with Redis down it stops until the next minute."""
     return jobs_requeue(TURN_JOBS, now=now)
@@ -229,7 +231,7 @@ TURN_JOBS = JobKind(
 
 def _turn_enqueue(turn: Turn) -> None:
     """Send the async turn's task; the broker not answering raises TurnNotQueued (503),
-    leaving the stored turn pending for turns_requeue."""
+    leaving the stored turn pending for the requeue sweep."""
     try:
         job_send(TURN_JOBS, turn.pk)
     except BrokerUnreachable as exc:
@@ -249,7 +251,7 @@ def _turn_send_again(turn_id: int) -> None:
     try:
         job_send(TURN_JOBS, turn_id)
     except REDIS_OUTAGES as exc:
-        # The turn stays pending; turns_requeue sends it once its queued marker is gone.
+        # The turn stays pending; the requeue sweep sends it once its queued marker is gone.
         logger.warning("Turn %s waits for the sweeps, the broker is unreachable: %s", turn_id, exc)
 
 
@@ -275,8 +277,9 @@ def _turn_claim(turn: Turn) -> bool:
     worker run out of memory): then it is failed, and False says so."""
     unfinished = Turn.objects.filter(pk=turn.pk, status__in=UNFINISHED)
     now = timezone.now()
-    if turn.attempts >= TURN_MAX_ATTEMPTS:
-        turn.status, turn.error, turn.finished_at = Turn.Status.FAILED, _out_of_attempts_error(turn), now
+    error = _turn_give_up(turn)
+    if error is not None:
+        turn.status, turn.error, turn.finished_at = Turn.Status.FAILED, error, now
         unfinished.update(status=turn.status, error=turn.error, finished_at=now)
         logger.warning("Turn %s failed: its process stopped %d times", turn.pk, turn.attempts)
         return False

@@ -8,6 +8,16 @@ import pytest
 from django.db import transaction
 
 from tests.abuse.support import api_operations, assert_api_error
+from tests.factories import (
+    ConsolidationRunFactory,
+    FactFactory,
+    IntrospectionRunFactory,
+    KinFactory,
+    MemoryChangeFactory,
+    MemoryFactory,
+    MessageFactory,
+    WorkflowFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -37,6 +47,22 @@ CRAFTED = [
 ]
 
 
+@pytest.fixture
+def paged(own):
+    """`own` with two more rows in every cursor-paginated list (seed_team writes one or
+    none), so `limit=1` reads two pages or more and no list is empty."""
+    for _ in range(2):
+        KinFactory(team=own.kin.team)
+        ConsolidationRunFactory(kin=own.kin, trigger="api", status="applied")
+        FactFactory(kin=own.kin)
+        MemoryFactory(team=own.kin.team, kin=own.kin)
+        MemoryChangeFactory(memory=own.memory, action="update", after={"content": own.memory.content})
+        IntrospectionRunFactory(session=own.session)
+        MessageFactory(session=own.session)
+        WorkflowFactory(team=own.kin.team)
+    return own
+
+
 def test_the_sweep_covers_every_cursor_paginated_list():
     paths = {operation.path for operation in LISTS}
     assert {"/api/v1/kins/", "/api/v1/sessions/{session_id}/messages/",
@@ -62,19 +88,22 @@ def test_crafted_cursors_answer_400_invalid_cursor(operation, api, own):
 
 
 @pytest.mark.parametrize("operation", LISTS, ids=str)
-def test_a_huge_offset_reads_an_empty_page(operation, api, own):
+def test_a_huge_offset_reads_an_empty_page(operation, api, paged):
     # DRF caps offsets at 1,000 rows past the position; past the rows there is nothing to read.
-    response = api.get(operation.url(own.ids, f"cursor={cursor('o=' + '9' * 30)}"))
+    assert api.get(operation.url(paged.ids, "limit=500")).json()["results"], "the list is empty"
+    response = api.get(operation.url(paged.ids, f"cursor={cursor('o=' + '9' * 30)}"))
     assert response.status_code == 200, response.content[:300]
     assert response.json()["results"] == []
 
 
 @pytest.mark.parametrize("operation", LISTS, ids=str)
-def test_issued_cursors_still_page_through_the_list(operation, api, own):
-    first = api.get(operation.url(own.ids, "limit=1"))
+def test_issued_cursors_still_page_through_the_list(operation, api, paged):
+    first = api.get(operation.url(paged.ids, "limit=1"))
     assert first.status_code == 200, first.content[:300]
     seen = list(first.json()["results"])
     link = first.json()["next"]
+    assert link, f"one page only: {first.json()}"
+    pages = 1
     while link:
         page = api.get(link)
         assert page.status_code == 200, page.content[:300]
@@ -82,5 +111,7 @@ def test_issued_cursors_still_page_through_the_list(operation, api, own):
         previous = page.json()["previous"]
         assert api.get(previous).status_code == 200
         link = page.json()["next"]
-    whole = api.get(operation.url(own.ids, "limit=500")).json()["results"]
+        pages += 1
+    whole = api.get(operation.url(paged.ids, "limit=500")).json()["results"]
     assert seen == whole
+    assert pages == len(whole) >= 2, (pages, len(whole))

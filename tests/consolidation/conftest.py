@@ -1,11 +1,8 @@
 """Shared pieces of the consolidation tests: the scripted model, facts, valid documents and answers."""
 import json
 
-import pytest
-
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from consolidation.services import fact_record
-from kinsite.llm.providers import ScriptedProvider, provider_override
 from memories.models import Memory, MemoryChange
 
 SECTIONS = [
@@ -18,12 +15,7 @@ SECTIONS = [
 ]
 
 
-@pytest.fixture
-def model():
-    """The scripted fake model every gateway call goes to."""
-    provider = ScriptedProvider()
-    with provider_override(provider):
-        yield provider
+# model, the scripted fake model every gateway call goes to, is in tests/conftest.py.
 
 
 def add_fact(kin, statement, category="fact", **extra):

@@ -28,6 +28,7 @@ from tests.factories import IntrospectionRunFactory, MessageFactory, SessionFact
 from tests.faults.conftest import wait_for
 from tests.ops.test_deployment import committed_database_url
 from tests.ops.test_serve_command import REPO, free_port
+from tests.support.clock import age
 
 pytestmark = pytest.mark.postgres
 
@@ -35,10 +36,6 @@ VISIBILITY_TIMEOUT_SECONDS = 2
 MODEL_STALL_SECONDS = 60  # longer than the test: the process dies inside this call
 WORK_SECONDS = 30
 HANG_SECONDS = 5
-
-
-def age(queryset, field: str, by: timedelta) -> None:
-    queryset.update(**{field: F(field) - by})
 
 
 def post(api_client, session, content, *, is_async=False):

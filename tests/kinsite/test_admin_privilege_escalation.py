@@ -21,13 +21,7 @@ pytestmark = pytest.mark.django_db
 User = get_user_model()
 
 
-@pytest.fixture
-def staff(team):
-    """Staff of `team` with every model permission, not a superuser (as in test_admin_scoping)."""
-    user = UserFactory(is_staff=True)
-    user.user_permissions.set(Permission.objects.all())
-    MembershipFactory(team=team, user=user, role="admin")
-    return User.objects.get(pk=user.pk)  # fresh: no cached permissions
+# staff (of `team`, every model permission, not a superuser) is in tests/kinsite/conftest.py.
 
 
 def change_form_data(client, user, **changes):

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.contrib import admin
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.models import Group
 from django.forms import ModelChoiceField
 from django.urls import reverse
 from django.utils import timezone
@@ -53,13 +53,7 @@ def seed_everything(team, *, secret, user):
     return seeded
 
 
-@pytest.fixture
-def staff(team):
-    """Staff of `team` with every model permission, not a superuser."""
-    user = UserFactory(is_staff=True)
-    user.user_permissions.set(Permission.objects.all())
-    MembershipFactory(team=team, user=user, role="admin")
-    return User.objects.get(pk=user.pk)  # fresh: no cached permissions
+# staff (of `team`, every model permission, not a superuser) is in tests/kinsite/conftest.py.
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from datetime import timedelta
 import pytest
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -19,7 +18,6 @@ from consolidation.tasks import consolidate_kin_task
 from kinsite import jobs
 from kinsite.celery import app
 from kinsite.jobs import JobKind, job_kinds, jobs_recover_stalled, jobs_requeue
-from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMHTTPError
 from kinsite.tasks import recover_stalled_jobs_task, requeue_jobs_task
 from sessions_app.compaction import (
@@ -38,26 +36,11 @@ from sessions_app.turns import TURN_JOBS, turn_post
 from tests.consolidation.conftest import add_fact, answer
 from tests.factories import MessageFactory
 from tests.sessions_app.test_compaction import BUDGET, FIRST_SUMMARY, chatter
+from tests.support.clock import age
 
-
-@pytest.fixture(autouse=True)
-def empty_cache():
-    """Queued markers and locks of earlier tests must not name this test's rows (ids repeat)."""
-    cache.clear()
-    yield
-    cache.clear()
-
-
-@pytest.fixture
-def model():
-    """The scripted fake model introspection, compaction and consolidation call."""
-    with provider_override(ScriptedProvider()) as provider:
-        yield provider
-
-
-def age(queryset, field: str, by: timedelta) -> None:
-    """Move rows' timestamp `field` back by `by`, as if that much time had passed."""
-    queryset.update(**{field: F(field) - by})
+# empty_cache and model (the scripted fake model introspection, compaction and consolidation
+# call) are in tests/conftest.py.
+pytestmark = pytest.mark.usefixtures("empty_cache")
 
 
 def lost(queryset) -> None:

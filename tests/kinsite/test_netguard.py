@@ -13,14 +13,18 @@ import pytest
 
 from kinsite import netguard
 from kinsite.netguard import FetchError, Policy, address_refusal
-from tests.support.outbound import LocalServer, record_connections, scripted_dns
+from tests.support.outbound import (
+    LocalServer,
+    no_real_dns,  # noqa: F401 (a fixture, used by pytestmark)
+    record_connections,
+    scripted_dns,
+)
 
 DEFAULT = Policy()
 
 
-@pytest.fixture(autouse=True)
-def no_real_dns(monkeypatch):
-    scripted_dns(monkeypatch, {})  # a test that needs a name scripts it; no query leaves
+# A test that needs a name scripts it; no query leaves (no_real_dns, tests/support/outbound.py).
+pytestmark = pytest.mark.usefixtures("no_real_dns")
 
 
 @pytest.mark.parametrize("address, kind", [

@@ -3,7 +3,6 @@ the server log, not in the API's 502 bodies, the turn's stored error (read by me
 through the API and the dashboard) or the LLM call log. The endpoint's path and its own
 error text stay, since they say what went wrong."""
 import logging
-import socket
 
 import pytest
 from django.urls import reverse
@@ -13,14 +12,9 @@ from kinsite.llm.providers import OpenAICompatibleProvider, provider_override
 from kinsite.llm.types import LLMError
 from kinsite.models import LLMCall
 from sessions_app.models import Turn
+from tests.support.outbound import closed_port
 
 pytestmark = pytest.mark.django_db
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def provider_at(base_url: str, **options) -> OpenAICompatibleProvider:
@@ -56,7 +50,7 @@ def test_a_model_error_names_no_url_and_the_log_has_it(fault, fake_llm, caplog):
 
 
 def test_an_unreachable_endpoint_names_no_url(caplog):
-    base_url = f"http://127.0.0.1:{free_port()}/v1"
+    base_url = f"http://127.0.0.1:{closed_port()}/v1"
     with caplog.at_level(logging.WARNING, logger="kinsite.llm"), pytest.raises(LLMError) as caught:
         llm_chat(purpose="kin_turn", messages=[{"role": "user", "content": "hi"}], provider=provider_at(base_url))
     assert caught.value.message.startswith("Could not reach the model endpoint")

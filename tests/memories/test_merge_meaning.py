@@ -8,7 +8,6 @@ the existing memory's content.
 Found by verification of issue 14 from outside:
 POST /api/v1/kins/5/memories/ {"content": "Maria is not vegan", "category": "fact"} → 201 (id 18),
 then {"content": "Maria is vegan", "category": "fact"} → 200 {"id": 18, "created": false, ...}."""
-import uuid
 
 import pytest
 
@@ -25,10 +24,8 @@ DIFFERENT_BY_A_STOP_WORD = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def private_cache(settings):
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-                                   "LOCATION": f"memories-tests-{uuid.uuid4()}"}}
+# A private cache per test (private_cache, tests/memories/conftest.py).
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.mark.django_db

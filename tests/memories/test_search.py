@@ -1,6 +1,5 @@
 """Memory search: scope, ranking signals, relevance cut-off, odd input, hits built
 without reading them again, and the vector path with a fake embedder."""
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -24,11 +23,8 @@ FILLER = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def private_cache(settings):
-    # Search caches BM25 scope statistics; a private cache keeps runs independent.
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-                                   "LOCATION": f"memories-tests-{uuid.uuid4()}"}}
+# A private cache per test (private_cache, tests/memories/conftest.py).
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def add(team, kin, content, **kwargs):

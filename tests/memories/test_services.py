@@ -1,7 +1,6 @@
 """Memory writes: one change row per write, duplicate merging, delete and supersede,
 vectors computed at write time without ever losing a memory to the embedder, and
 retrieval counts."""
-import uuid
 
 import pytest
 
@@ -16,11 +15,8 @@ from tests.memories.embedders import BrokenEmbedder, NumberBlindEmbedder, Synony
 ACTOR = Actor(label="user:maria")
 
 
-@pytest.fixture(autouse=True)
-def private_cache(settings):
-    # Search caches BM25 scope statistics; a private cache keeps runs independent.
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-                                   "LOCATION": f"memories-tests-{uuid.uuid4()}"}}
+# A private cache per test (private_cache, tests/memories/conftest.py).
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def add(team, kin, content, **kwargs):

@@ -1,7 +1,6 @@
 """The memory tools as the model sees them: valid schemas, the exact toolsets, and
 handlers that answer every bad argument with an "Error: ..." text, never an exception."""
 import json
-import uuid
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -13,11 +12,8 @@ from memories.services import Actor
 from memories.tools import memory_toolset
 from tests.factories import KinFactory, MemoryFactory, TeamFactory
 
-
-@pytest.fixture(autouse=True)
-def private_cache(settings):
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-                                   "LOCATION": f"memories-tests-{uuid.uuid4()}"}}
+# A private cache per test (private_cache, tests/memories/conftest.py).
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.outbound import closed_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port on 127.0.0.1 to start a server on (nothing listens on it yet)."""
+    return closed_port()
 
 
 def embedded_env(data_dir: Path) -> dict:
@@ -33,6 +33,17 @@ def manage(*args, env) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def first_answer(url: str, *, seconds: float = 30) -> httpx.Response:
+    """GET `url` until runserver answers (any status), for up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return httpx.get(url, timeout=2)
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "runserver did not start"
+            time.sleep(0.2)
 
 
 @pytest.mark.sqlite
@@ -57,14 +68,7 @@ def test_run_command_serves_dashboard_and_healthz_with_demo_data(tmp_path):
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                health = httpx.get(f"{base}/healthz", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "runserver did not start"
-                time.sleep(0.2)
+        health = first_answer(f"{base}/healthz")
         assert health.status_code == 200
         assert health.json()["database"]["vendor"] == "sqlite"
 
@@ -111,14 +115,7 @@ def test_run_command_prints_each_log_record_once(tmp_path):
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                missing = httpx.get(f"http://127.0.0.1:{port}/no-such-page/", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "runserver did not start"
-                time.sleep(0.2)
+        missing = first_answer(f"http://127.0.0.1:{port}/no-such-page/")
         assert missing.status_code == 404
     finally:
         server.terminate()

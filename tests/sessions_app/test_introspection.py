@@ -37,12 +37,7 @@ SIX_TOOLS = {"memory_recall", "memory_add", "memory_update", "memory_delete", "w
              "session_description_update"}
 
 
-@pytest.fixture
-def model():
-    """The scripted fake model every gateway call goes to."""
-    provider = ScriptedProvider()
-    with provider_override(provider):
-        yield provider
+# model (the scripted fake model every gateway call goes to) is in tests/conftest.py.
 
 
 def say(session, content, sender="Maria"):

@@ -7,12 +7,10 @@ from datetime import timedelta
 import pytest
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import F
 from django.utils import timezone
 
 from kinsite import jobs
 from kinsite.jobs import job_queued_key
-from kinsite.llm.providers import ScriptedProvider, provider_override
 from memories.models import Memory
 from sessions_app import introspection, turns
 from sessions_app.introspection import (
@@ -35,22 +33,10 @@ from sessions_app.turns import (
     turns_requeue,
 )
 from tests.factories import IntrospectionRunFactory, MessageFactory, TurnFactory
+from tests.support.clock import age
 
-
-@pytest.fixture(autouse=True)
-def empty_cache():
-    """Queued markers and locks of earlier tests must not name this test's rows (ids repeat)."""
-    cache.clear()
-    yield
-    cache.clear()
-
-
-@pytest.fixture
-def model():
-    """The scripted fake model introspection calls."""
-    provider = ScriptedProvider()
-    with provider_override(provider):
-        yield provider
+# empty_cache and model (the scripted fake model introspection calls) are in tests/conftest.py.
+pytestmark = pytest.mark.usefixtures("empty_cache")
 
 
 class ProcessKilled(BaseException):
@@ -74,11 +60,6 @@ def dies_at_model_call(monkeypatch):
         monkeypatch.setattr(turns, "llm_chat", chat)
 
     return arm
-
-
-def age(queryset, field: str, by: timedelta) -> None:
-    """Move rows' timestamp `field` back by `by`, as if that much time had passed."""
-    queryset.update(**{field: F(field) - by})
 
 
 def session_events(session) -> list[tuple[str, str]]:

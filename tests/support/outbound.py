@@ -21,6 +21,8 @@ from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pytest
+
 Route = Callable[[BaseHTTPRequestHandler], None]
 
 
@@ -195,6 +197,13 @@ def scripted_dns(monkeypatch, answers: dict[str, list[list[str]]]) -> list[str]:
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     return lookups
+
+
+@pytest.fixture
+def no_real_dns(monkeypatch):
+    """No DNS query leaves: a test that needs a name scripts it (scripted_dns). A module uses it
+    for every test by importing it and saying `pytestmark = pytest.mark.usefixtures("no_real_dns")`."""
+    scripted_dns(monkeypatch, {})
 
 
 def _numeric(getaddrinfo, name) -> bool:

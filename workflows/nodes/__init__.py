@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workflows.lineage import name_text
 from workflows.nodes import filtering, http, llm, merge, output, sources, transform
 from workflows.nodes.base import (
     NodeError,
@@ -60,9 +61,10 @@ def describe_step(node_type: str, config: Any, *, label: str = "") -> str:
             return known.describe(config)
         except Exception:  # a config saved before a schema change must not break lineage
             pass
-    name = f'"{label}"' if label else "A node"
+    # Stored text: one line, as every name the canvas and the narrative show (prompt_safety).
+    name = f'"{name_text(label)}"' if label else "A node"
     known_word = "" if known is not None else "unknown "
-    return f"{name} of {known_word}type {node_type}"
+    return f"{name} of {known_word}type {name_text(node_type)}"
 
 
 def describe(node_type: str, config: Any, *, label: str = "", records_in: int | None = None,

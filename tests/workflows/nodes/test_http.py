@@ -13,7 +13,13 @@ import pytest
 from django.urls import reverse
 
 from tests.sessions_app.test_api_access import assert_api_error
-from tests.support.outbound import LocalServer, closed_port, record_connections, scripted_dns
+from tests.support.outbound import (
+    LocalServer,
+    closed_port,
+    no_real_dns,  # noqa: F401 (a fixture, used by pytestmark)
+    record_connections,
+    scripted_dns,
+)
 from tests.workflows.nodes.support import PEOPLE, run
 from workflows.nodes import NODE_TYPES, NodeError, RunContext, describe, validate_params
 
@@ -53,9 +59,8 @@ def connections(monkeypatch):
     return record_connections(monkeypatch)
 
 
-@pytest.fixture(autouse=True)
-def no_real_dns(monkeypatch):
-    scripted_dns(monkeypatch, {})  # a test that needs a name scripts it; no query leaves
+# A test that needs a name scripts it; no query leaves (no_real_dns, tests/support/outbound.py).
+pytestmark = pytest.mark.usefixtures("no_real_dns")
 
 
 @pytest.mark.parametrize("host", [

@@ -1,0 +1,13 @@
+"""Fixtures shared by the memories tests."""
+import uuid
+
+import pytest
+
+
+@pytest.fixture
+def private_cache(settings):
+    """A private cache per test: search caches BM25 scope statistics, and a private cache
+    keeps runs independent. Not autouse: the modules that need it say
+    `pytestmark = pytest.mark.usefixtures("private_cache")`."""
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                   "LOCATION": f"memories-tests-{uuid.uuid4()}"}}
