@@ -5,7 +5,7 @@ import time
 from typing import Any
 
 from kinsite.llm.providers import LLMProvider, get_default_provider
-from kinsite.llm.types import ChatResult, Message
+from kinsite.llm.types import ChatResult, DeltaSink, Message
 from kinsite.models import Kin, LLMCall, Team
 
 
@@ -20,14 +20,18 @@ def llm_chat(
     model: str | None = None,
     temperature: float | None = None,
     provider: LLMProvider | None = None,
+    on_delta: DeltaSink | None = None,
 ) -> ChatResult:
-    """A chat completion; writes one LLMCall row whether it succeeds or fails, and re-raises failures."""
+    """A chat completion; writes one LLMCall row whether it succeeds or fails, and re-raises failures.
+    With on_delta the reply is streamed: each piece of its text goes to on_delta as it arrives."""
     provider = provider or get_default_provider()
     requested_model = model or (kin.model if kin is not None and kin.model else None)
     started = time.monotonic()
+    # Only a streamed call passes on_delta, so a provider written before streaming still works.
+    streaming = {"on_delta": on_delta} if on_delta is not None else {}
     try:
         result = provider.chat(
-            messages, tools=tools, json_mode=json_mode, model=requested_model, temperature=temperature
+            messages, tools=tools, json_mode=json_mode, model=requested_model, temperature=temperature, **streaming
         )
     except Exception as exc:
         _log_call(

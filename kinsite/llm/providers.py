@@ -18,6 +18,7 @@ from django.conf import settings
 
 from kinsite.llm.types import (
     ChatResult,
+    DeltaSink,
     EmbeddingResult,
     LLMBadResponse,
     LLMError,
@@ -25,6 +26,7 @@ from kinsite.llm.types import (
     LLMTimeout,
     Message,
     ToolCall,
+    text_pieces,
 )
 from kinsite.tokencount import count_tokens
 
@@ -49,7 +51,10 @@ class LLMProvider(Protocol):
         json_mode: bool = False,
         model: str | None = None,
         temperature: float | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> ChatResult: ...
+    # on_delta: stream the reply, passing each piece of its text to on_delta as it arrives;
+    # the result is the same as without it (the whole content, the tool calls, the usage).
 
     def embed(self, texts: list[str], *, model: str | None = None) -> list[list[float]]: ...
 
@@ -150,6 +155,7 @@ class OpenAICompatibleProvider:
         json_mode: bool = False,
         model: str | None = None,
         temperature: float | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> ChatResult:
         model = model or self.model
         payload: dict[str, Any] = {"model": model, "messages": messages}
@@ -161,8 +167,11 @@ class OpenAICompatibleProvider:
             payload["temperature"] = temperature
         with self._logged("/chat/completions") as url:
             body, attempts = self._post(url, payload)
-            return self._chat_result(body, attempts, messages=messages, model=model, json_mode=json_mode,
-                                     where=self._where(url))
+            result = self._chat_result(body, attempts, messages=messages, model=model, json_mode=json_mode,
+                                       where=self._where(url))
+        if on_delta is not None and result.content:
+            on_delta(result.content)
+        return result
 
     def _chat_result(self, body, attempts, *, messages, model, json_mode, where: str) -> ChatResult:
         try:
@@ -387,8 +396,12 @@ class OfflineProvider:
         json_mode: bool = False,
         model: str | None = None,
         temperature: float | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> ChatResult:
         content = json.dumps({"error": OFFLINE_MESSAGE}) if json_mode else OFFLINE_MESSAGE
+        if on_delta is not None:
+            for piece in text_pieces(content):
+                on_delta(piece)
         return ChatResult(
             content=content,
             tool_calls=[],
@@ -435,6 +448,7 @@ class ScriptedProvider:
     Items: a str (plain reply), a ChatResult (returned as is), a dict
     {"tool_calls": [{"name", "arguments": {...}}], "content": optional}, or an
     exception instance (raised). In json_mode a str reply must be JSON, as with a real endpoint.
+    A streamed call (on_delta) gets the content in word-sized pieces, `piece_delay` seconds apart.
     """
 
     name = "scripted"
@@ -445,6 +459,7 @@ class ScriptedProvider:
         self.model = model
         self.calls: list[RecordedCall] = []
         self.embed_calls: list[list[str]] = []
+        self.piece_delay = 0.0
 
     def add(self, *items: ScriptItem) -> None:
         self.script.extend(items)
@@ -457,6 +472,7 @@ class ScriptedProvider:
         json_mode: bool = False,
         model: str | None = None,
         temperature: float | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> ChatResult:
         # Deep copies: callers keep appending to their message list after the call.
         self.calls.append(RecordedCall(copy.deepcopy(messages), copy.deepcopy(tools), json_mode, model))
@@ -468,7 +484,15 @@ class ScriptedProvider:
         item = self.script.pop(0)
         if isinstance(item, BaseException):
             raise item
-        model = model or self.model
+        result = self._result(item, messages=messages, json_mode=json_mode, model=model or self.model)
+        if on_delta is not None:
+            for index, piece in enumerate(text_pieces(result.content or "")):
+                if index and self.piece_delay:
+                    time.sleep(self.piece_delay)
+                on_delta(piece)
+        return result
+
+    def _result(self, item: ScriptItem, *, messages: list[Message], json_mode: bool, model: str) -> ChatResult:
         if isinstance(item, ChatResult):
             return item
         if isinstance(item, str):

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +12,18 @@ from kinsite.errors import UpstreamError
 # Messages are OpenAI-format dicts: {"role", "content"} plus "tool_calls" on
 # assistant turns and "tool_call_id" on tool results.
 Message = dict[str, Any]
+
+# Called with each piece of a reply's text as the model produces it (a streamed call); the
+# pieces, joined, are the reply's content.
+DeltaSink = Callable[[str], None]
+
+_PIECES = re.compile(r"\s*\S+|\s+")
+
+
+def text_pieces(text: str) -> list[str]:
+    """A text cut into word-sized pieces that join back into it, for providers that have the
+    whole answer at once but are asked to stream it."""
+    return _PIECES.findall(text)
 
 
 @dataclass
