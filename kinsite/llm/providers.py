@@ -161,6 +161,9 @@ class OpenAICompatibleProvider:
         temperature: float | None = None,
         on_delta: DeltaSink | None = None,
     ) -> ChatResult:
+        """One chat completion. With on_delta the answer is streamed (server-sent events): each piece of
+        text goes to on_delta as its chunk arrives; failures are retried only until a piece went out,
+        after that they raise LLMStreamInterrupted."""
         model = model or self.model
         payload: dict[str, Any] = {"model": model, "messages": messages}
         if tools:
