@@ -101,3 +101,14 @@ class LLMBadResponse(LLMError):
     """The endpoint answered, but not with something usable (bad body, non-JSON JSON answer)."""
 
     code = "llm_bad_response"
+
+
+class LLMStreamInterrupted(LLMError):
+    """A streamed answer broke off after part of its text had already gone to the caller; it is
+    not retried, because a second answer would repeat or contradict what the caller has shown."""
+
+    code = "llm_stream_interrupted"
+
+    def __init__(self, message: str, *, delivered_chars: int, attempts: int = 1, details: dict | None = None):
+        super().__init__(message, attempts=attempts, details={"delivered_chars": delivered_chars, **(details or {})})
+        self.delivered_chars = delivered_chars
