@@ -29,5 +29,6 @@ urlpatterns = [
         name="session-introspections",
     ),
     path("turns/<int:turn_id>/", views.TurnDetailView.as_view(), name="turn-detail"),
+    path("turns/<int:turn_id>/events/", views.TurnEventsView.as_view(), name="turn-events"),
     *router.urls,
 ]

@@ -1,13 +1,16 @@
 """API views for kins, sessions, messages, imports, history search, chat turns and the prompt preview."""
 from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.generics import ListAPIView
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
+from kinsite.api.renderers import EventStreamMixin, EventStreamRenderer
 from kinsite.api.throttles import TokenRateThrottle
 from kinsite.models import Kin
 from kinsite.selectors import kin_get, kin_list
@@ -28,6 +31,7 @@ from sessions_app.api.serializers import (
 )
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.prompt import PENDING_MESSAGE_ID, prompt_assemble
+from sessions_app.turns.stream import turn_event_stream, turn_post_streamed
 from sessions_app.turns.tools import kin_toolset
 
 # Response envelopes, named once so the schema has one component each.
@@ -41,6 +45,34 @@ TURN_POSTED = inline_serializer("TurnPosted", {
 TURN_QUEUED = inline_serializer("TurnQueued", {"turn": TurnSerializer()})
 HISTORY_SEARCH_RESULTS = inline_serializer("HistorySearchResults", {"results": HistoryHitSerializer(many=True)})
 CHECKPOINT_QUEUED = inline_serializer("CheckpointQueued", {"run": IntrospectionRunSerializer()})
+TURN_EVENTS_DESCRIPTION = (
+    "Server-sent events: `message` (the stored user message) first; then `delta` {text}, `tool_call` "
+    "{id, name, arguments} and `tool_result` {id, name, content} as the turn runs; then exactly one of "
+    "`done` (the 201 answer's JSON: message, reply, turn, and new_session_id/new_session after /new) or "
+    "`error` ({error: {code, message, details}}; details.turn, details.message, details.stored true). "
+    "Each event has an id; send the last one back as Last-Event-ID to resume after it."
+)
+
+
+def turn_posted_body(turn: Turn) -> dict:
+    """What a sync post answers (201) and a streamed one sends as its `done` event: the stored
+    message, the reply and the turn (after /new, also the session to continue in)."""
+    turn = Turn.objects.select_related("user_message", "reply").get(pk=turn.pk)
+    data = TurnSerializer(turn).data
+    body = {"message": data["message"], "reply": data["reply"], "turn": data}
+    if data["new_session_id"] is not None:
+        body["new_session_id"] = data["new_session_id"]
+        body["new_session"] = SessionSerializer(Session.objects.get(pk=data["new_session_id"])).data
+    return body
+
+
+def message_body(message: Event) -> dict:
+    return MessageSerializer(message).data
+
+
+def _follow_turn(request, turn: Turn):
+    return turn_event_stream(request, turn, done_body=turn_posted_body, message_body=message_body,
+                             last_event_id=request.headers.get("Last-Event-ID"))
 
 
 class KinViewSet(viewsets.ModelViewSet):
@@ -86,8 +118,9 @@ class SessionViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
         return selectors.session_list(team=request_team(self.request))
 
 
-class SessionMessageListView(ListAPIView):
-    """GET: history of a session, oldest first. POST: a chat turn (SPEC §4)."""
+class SessionMessageListView(EventStreamMixin, ListAPIView):
+    """GET: history of a session, oldest first. POST: a chat turn (SPEC §4); with
+    `Accept: text/event-stream`, the same turn as server-sent events (turns/stream.py)."""
 
     serializer_class = MessageSerializer
     pagination_class = ChronologicalCursorPagination
@@ -105,6 +138,10 @@ class SessionMessageListView(ListAPIView):
         parameters=[OpenApiParameter("async", str, required=False, description="1: answer 202 with a turn to poll.")],
         responses={
             201: OpenApiResponse(TURN_POSTED, description="The turn ran: the stored message, the reply, the turn."),
+            (200, EventStreamRenderer.media_type): OpenApiResponse(
+                OpenApiTypes.STR,
+                description="Accept: text/event-stream: the turn as it runs. " + TURN_EVENTS_DESCRIPTION,
+            ),
             202: OpenApiResponse(TURN_QUEUED, description="?async=1: the queued turn, to poll at /turns/{id}/."),
             502: OpenApiResponse(description="The model failed; the message is stored and the turn says why."),
             503: OpenApiResponse(description="Redis is unreachable (Retry-After). Sync: nothing is stored "
@@ -118,17 +155,16 @@ class SessionMessageListView(ListAPIView):
         serializer = MessagePostSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         is_async = request.query_params.get("async", "").lower() in ("1", "true", "yes")
-        turn = turns.turn_post(session=session, is_async=is_async, **serializer.validated_data)
-        turn = Turn.objects.select_related("user_message", "reply").get(pk=turn.pk)
-        data = TurnSerializer(turn).data
         if is_async:
-            return Response({"turn": data}, status=status.HTTP_202_ACCEPTED)
-        body = {"message": data["message"], "reply": data["reply"], "turn": data}
-        if data["new_session_id"] is not None:
-            # /new answers with the session to continue in.
-            body["new_session_id"] = data["new_session_id"]
-            body["new_session"] = SessionSerializer(Session.objects.get(pk=data["new_session_id"])).data
-        return Response(body, status=status.HTTP_201_CREATED)
+            # Follow it with GET /turns/{id}/events/ if you want its events.
+            turn = turns.turn_post(session=session, is_async=True, **serializer.validated_data)
+            turn = Turn.objects.select_related("user_message", "reply").get(pk=turn.pk)
+            return Response({"turn": TurnSerializer(turn).data}, status=status.HTTP_202_ACCEPTED)
+        if self.wants_event_stream(request):
+            turn = turn_post_streamed(session=session, **serializer.validated_data)
+            return _follow_turn(request, turn)
+        turn = turns.turn_post(session=session, **serializer.validated_data)
+        return Response(turn_posted_body(turn), status=status.HTTP_201_CREATED)
 
 
 class TurnDetailView(APIView):
@@ -140,6 +176,25 @@ class TurnDetailView(APIView):
             pk=turn_id,
         )
         return Response(TurnSerializer(turn).data)
+
+
+class TurnEventsView(EventStreamMixin, APIView):
+    """GET: follow a turn as server-sent events (a running ?async=1 turn, or any other)."""
+
+    renderer_classes = [EventStreamRenderer, JSONRenderer]  # the stream, whatever the client accepts
+
+    @extend_schema(
+        parameters=[OpenApiParameter("Last-Event-ID", str, OpenApiParameter.HEADER, required=False,
+                                     description="Resume after this event.")],
+        responses={(200, EventStreamRenderer.media_type): OpenApiResponse(
+            OpenApiTypes.STR,
+            description="The turn's events; a finished turn answers `message` and `done` (or `error`) at once. "
+                        + TURN_EVENTS_DESCRIPTION,
+        )},
+    )
+    def get(self, request, turn_id):
+        turn = get_object_or_404(Turn, session__kin__team=request_team(request), pk=turn_id)
+        return _follow_turn(request, turn)
 
 
 class SessionPromptPreviewView(APIView):

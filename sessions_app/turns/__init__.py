@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -46,6 +46,7 @@ from sessions_app.introspection import IntrospectionDisabled, introspection_afte
 from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, lease_seconds, session_lock
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.prompt import prompt_assemble
+from sessions_app.turns.events import DELTA, END, TOOL_CALL, TOOL_RESULT, turn_event_publish
 from sessions_app.turns.tools import kin_toolset
 
 logger = logging.getLogger(__name__)
@@ -94,13 +95,15 @@ def command_parse(content: str) -> Command | None:
 
 
 def turn_post(*, session: Session, content: str, sender: str = "", platform: str = Event.Platform.API,
-              is_async: bool = False) -> Turn:
+              is_async: bool = False, opened: Callable[[Turn], None] | None = None) -> Turn:
     """Post a user message to a session and answer it.
 
     Sync: waits for the session lock, runs the turns posted before this one that are still
     unanswered (async posts queued behind a running turn), then this one, and returns it
     done, or raises TurnFailed (502) after recording the error on the turn, or ServiceUnavailable
     (503) when Redis, holding the session lock, is down (before the turn: nothing stored).
+    `opened` is called with the turn once its message is stored and committed, before it
+    runs (a streamed post answers then, and follows the turn's events: turns/stream.py).
     Async: stores the message and a pending turn and enqueues run_turn_task after commit;
     poll the turn. With the broker down it raises TurnNotQueued (503), the turn kept."""
     if is_async:
@@ -114,6 +117,8 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
         with session_lock(session.pk) as lock:
             with transaction.atomic():
                 turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=False)
+            if opened is not None:
+                opened(turn)
             # The oldest unfinished turn first, so posts are answered in order; it is this one
             # unless earlier posts still wait (their tasks, arriving later, find them done).
             while (oldest := _turn_oldest_unfinished(session_id=session.pk)).pk != turn.pk:
@@ -282,6 +287,7 @@ def _turn_claim(turn: Turn) -> bool:
         turn.status, turn.error, turn.finished_at = Turn.Status.FAILED, error, now
         unfinished.update(status=turn.status, error=turn.error, finished_at=now)
         logger.warning("Turn %s failed: its process stopped %d times", turn.pk, turn.attempts)
+        turn_event_publish(turn.pk, END, {"status": turn.status, "code": "turn_abandoned"})
         return False
     # Conditional, as a claim: if our lease ran out, whoever holds the lock now may have run it.
     if not job_claim(TURN_JOBS, turn.pk, rerun=True, now=now):
@@ -333,20 +339,24 @@ def _turn_open(*, session: Session, content: str, sender: str, platform: str, is
 
 
 def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> None:
-    """Run a claimed turn read by _turn_oldest_unfinished under the lock this holds."""
+    """Run a claimed turn read by _turn_oldest_unfinished under the lock this holds, and
+    publish its end (turns/events.py) once its outcome is stored."""
     session = turn.session
     message = turn.user_message
-    if message.kind == Event.Kind.COMMAND:
-        _command_answer(turn=turn, session=session, message=message)
-        return
+    error_code = ""
     try:
-        _turn_converse(turn=turn, session=session, message=message, lock=lock)
+        if message.kind == Event.Kind.COMMAND:
+            _command_answer(turn=turn, session=session, message=message)
+        else:
+            _turn_converse(turn=turn, session=session, message=message, lock=lock)
     except ServiceUnavailable as exc:
         # Redis went away mid-turn (the lock could not be renewed): the turn stops, and says why.
+        error_code = exc.code
         _turn_fail(turn=turn, error=exc.message)
         if raise_errors:
             raise
     except LLMError as exc:
+        error_code = TurnFailed.code
         _turn_fail(turn=turn, error=exc.message)
         if raise_errors:
             raise TurnFailed(
@@ -356,8 +366,11 @@ def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> None:
             ) from exc
     except Exception as exc:
         # A bug, not the model: still leave the turn saying what happened, then let it surface.
+        error_code = "server_error"
         _turn_fail(turn=turn, error=f"Internal error: {type(exc).__name__}: {exc}")
         raise
+    finally:
+        turn_event_publish(turn.pk, END, {"status": turn.status, "code": error_code})
 
 
 def _turn_fail(*, turn: Turn, error: str) -> None:
@@ -437,20 +450,24 @@ def _turn_converse(*, turn: Turn, session: Session, message: Event, lock: Sessio
         lock.refresh()
         offer_tools = not capped
         result = llm_chat(purpose="turn", messages=messages, team=kin.team, kin=kin,
-                          tools=schemas if offer_tools else None)
+                          tools=schemas if offer_tools else None,
+                          on_delta=lambda text: turn_event_publish(turn.pk, DELTA, {"text": text}))
         turn.tokens_in += result.tokens_in
         turn.tokens_out += result.tokens_out
         if not offer_tools or not result.tool_calls:
             break
         outputs = []
         for call in result.tool_calls:
+            turn_event_publish(turn.pk, TOOL_CALL, {"id": call.id, "name": call.name, "arguments": call.arguments})
             if turn.tool_calls >= max_calls:
                 # Every call in the assistant message needs a result, or the next request is invalid.
-                outputs.append(f"Error: not run: the limit of {max_calls} tool calls for this turn is reached. "
-                               "Answer with what you have.")
+                output = (f"Error: not run: the limit of {max_calls} tool calls for this turn is reached. "
+                          "Answer with what you have.")
             else:
                 turn.tool_calls += 1
-                outputs.append(_tool_run(tools, call, tool_context))
+                output = _tool_run(tools, call, tool_context)
+            outputs.append(output)
+            turn_event_publish(turn.pk, TOOL_RESULT, {"id": call.id, "name": call.name, "content": output})
         capped = turn.tool_calls >= max_calls
         _tool_round_store(session=session, turn=turn, content=result.content, calls=result.tool_calls,
                           outputs=outputs, platform=message.platform)

@@ -1,0 +1,194 @@
+"""A turn's progress as it happens (reply text deltas, tool calls and their results, its end),
+for whoever follows the turn (sessions_app.turns.stream serves them as server-sent events).
+
+With REDIS_URL the events go to one Redis stream per turn, so a web process can follow a turn
+a Celery worker runs; without it (the embedded mode: one process) to a store in memory.
+Each event has an id that orders the turn's events (the SSE `id:`), so a reader asks for
+the events after the last one it saw. Events are progress, not the record: publishing never
+fails a turn (a Redis error is logged), and readers take a turn's outcome from the stored turn.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import redis
+import redis.asyncio
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+# What a turn publishes: a piece of reply text, a tool call about to run, its result, and
+# the last event, once the turn is done or failed and stored ({"status", "code"}).
+DELTA, TOOL_CALL, TOOL_RESULT, END = "delta", "tool_call", "tool_result", "end"
+STREAM_KEY = "kinsite:turn-events:{turn_id}"
+# A turn's events are kept this long after its last one (for late followers and resumes).
+RETAIN_SECONDS = 3600
+# At most about this many events per turn (a long reply is a few thousand deltas).
+MAX_EVENTS_PER_TURN = 20_000
+# The in-memory store keeps the events of this many turns at most, the oldest dropped first.
+MEMORY_MAX_TURNS = 1_000
+# An event id: a Redis stream id ("1700000000000-0") or the memory store's sequence number.
+_EVENT_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
+
+
+@dataclass(frozen=True)
+class TurnEvent:
+    id: str
+    kind: str
+    data: dict[str, Any]
+
+
+def turn_event_publish(turn_id: int, kind: str, data: dict[str, Any]) -> None:
+    """Record one event of a running turn. Never raises: a follower missing an event
+    falls back to the stored turn, a turn failing for it would lose the reply."""
+    try:
+        if settings.REDIS_URL:
+            _redis_publish(turn_id, kind, data)
+        else:
+            _memory.publish(turn_id, kind, data)
+    except Exception:
+        logger.warning("Turn %s: the %s event was not published", turn_id, kind, exc_info=True)
+
+
+def turn_events_read(turn_id: int, *, after: str | None, timeout: float) -> list[TurnEvent]:
+    """The turn's events after the event id `after` (None: from the first), waiting up to
+    `timeout` seconds for one if there is none yet; [] when none came."""
+    after = event_id_or_none(after)
+    if settings.REDIS_URL:
+        return _redis_read(turn_id, after=after, timeout=timeout)
+    return _memory.read(turn_id, after=after, timeout=timeout)
+
+
+async def turn_events_aread(turn_id: int, *, after: str | None, timeout: float) -> list[TurnEvent]:
+    """turn_events_read for an event loop: the wait holds no thread (redis.asyncio's XREAD
+    BLOCK; the memory store is polled)."""
+    after = event_id_or_none(after)
+    if settings.REDIS_URL:
+        return await _redis_aread(turn_id, after=after, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        events = _memory.read(turn_id, after=after, timeout=0)
+        if events or time.monotonic() >= deadline:
+            return events
+        await asyncio.sleep(MEMORY_POLL_SECONDS)
+
+
+MEMORY_POLL_SECONDS = 0.05
+
+
+def event_id_or_none(value: str | None) -> str | None:
+    """An event id as a client may send it back (Last-Event-ID); anything else is None."""
+    if value is None:
+        return None
+    value = value.strip()
+    return value if _EVENT_ID.match(value) else None
+
+
+# --- Redis streams ------------------------------------------------------------------------------
+
+
+def _key(turn_id: int) -> str:
+    return STREAM_KEY.format(turn_id=turn_id)
+
+
+@lru_cache(maxsize=4)
+def _redis_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=settings.REDIS_CONNECT_TIMEOUT_SECONDS,
+        socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS,
+    )
+
+
+def _redis_publish(turn_id: int, kind: str, data: dict[str, Any]) -> None:
+    key = _key(turn_id)
+    pipe = _redis_client(settings.REDIS_URL).pipeline(transaction=False)
+    pipe.xadd(key, {"kind": kind, "data": json.dumps(data)}, maxlen=MAX_EVENTS_PER_TURN, approximate=True)
+    pipe.expire(key, RETAIN_SECONDS)
+    pipe.execute()
+
+
+def _block_ms(timeout: float) -> int | None:
+    # XREAD BLOCK must end before the client's socket timeout, or the wait reads as an outage.
+    if timeout <= 0:
+        return None  # no BLOCK: answer at once
+    return max(1, int(min(timeout, settings.REDIS_SOCKET_TIMEOUT_SECONDS - 1) * 1000))
+
+
+def _redis_events(reply) -> list[TurnEvent]:
+    events = []
+    for _key_name, entries in reply or []:
+        for event_id, fields in entries:
+            events.append(TurnEvent(
+                id=event_id.decode(), kind=fields[b"kind"].decode(), data=json.loads(fields[b"data"]),
+            ))
+    return events
+
+
+def _redis_read(turn_id: int, *, after: str | None, timeout: float) -> list[TurnEvent]:
+    client = _redis_client(settings.REDIS_URL)
+    return _redis_events(client.xread({_key(turn_id): after or "0"}, block=_block_ms(timeout)))
+
+
+# redis.asyncio clients belong to the event loop that made them: one per loop.
+_async_clients: dict[int, redis.asyncio.Redis] = {}
+
+
+async def _redis_aread(turn_id: int, *, after: str | None, timeout: float) -> list[TurnEvent]:
+    loop = asyncio.get_running_loop()
+    client = _async_clients.get(id(loop))
+    if client is None:
+        client = _async_clients[id(loop)] = redis.asyncio.Redis.from_url(
+            settings.REDIS_URL,
+            socket_connect_timeout=settings.REDIS_CONNECT_TIMEOUT_SECONDS,
+            socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS,
+        )
+    return _redis_events(await client.xread({_key(turn_id): after or "0"}, block=_block_ms(timeout)))
+
+
+# --- in memory (embedded mode) ------------------------------------------------------------------
+
+
+class _MemoryStore:
+    """The events of the latest MEMORY_MAX_TURNS turns, in one process; ids are 1, 2, 3 …
+    per turn."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._turns: OrderedDict[int, list[TurnEvent]] = OrderedDict()
+
+    def publish(self, turn_id: int, kind: str, data: dict[str, Any]) -> None:
+        with self._changed:
+            events = self._turns.setdefault(turn_id, [])
+            self._turns.move_to_end(turn_id)
+            events.append(TurnEvent(id=str(len(events) + 1), kind=kind, data=data))
+            while len(self._turns) > MEMORY_MAX_TURNS:
+                self._turns.popitem(last=False)
+            self._changed.notify_all()
+
+    def read(self, turn_id: int, *, after: str | None, timeout: float) -> list[TurnEvent]:
+        seen = int(after.split("-")[0]) if after else 0
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                events = self._turns.get(turn_id, [])[seen:]
+                remaining = deadline - time.monotonic()
+                if events or remaining <= 0:
+                    return list(events)
+                self._changed.wait(remaining)
+
+    def clear(self) -> None:
+        with self._changed:
+            self._turns.clear()
+
+
+_memory = _MemoryStore()

@@ -1,0 +1,225 @@
+"""A chat turn as server-sent events: a streamed post runs the turn in a thread of the web
+process while the response follows the turn's events (turns/events.py).
+
+The stream: `message` (the stored user message) first, then `delta`, `tool_call` and
+`tool_result` events as the turn publishes them, then exactly one of `done` (built by the
+caller from the stored turn, so it is what the non-streaming answer would have been) or
+`error` (the §11 error shape; the message stays stored and the turn records the failure).
+Every event has an `id:` a client may send back as Last-Event-ID to resume after it; a
+comment line keeps an idle stream open through proxies.
+
+A client that disconnects only stops its response: the turn's thread runs on and stores the
+reply. If the web process dies, kinsite.jobs' stalled sweep takes the turn over, as for a
+sync post whose process died. Under WSGI the body is a generator read by the server's
+thread; under ASGI an async generator, so an open stream waits on the event loop (Django
+would read a sync iterator to its end before sending anything under ASGI).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.db import connection
+from django.http import StreamingHttpResponse
+from rest_framework.utils.encoders import JSONEncoder
+
+from sessions_app.models import Event, Session, Turn
+from sessions_app.turns import UNFINISHED, turn_post
+from sessions_app.turns.events import END, TurnEvent, event_id_or_none, turn_events_aread, turn_events_read
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/event-stream"
+# How long one wait for the turn's next event lasts; between waits the stored turn is read,
+# in case its end was not published (Redis away) or it was failed by the stalled sweep.
+POLL_SECONDS = 2.0
+# An idle stream sends a comment this often, so proxies and clients do not time it out.
+KEEPALIVE_SECONDS = 15.0
+KEEPALIVE = b": keep-alive\n\n"
+# The `message` event's id: before any of the turn's events (a resume from it replays them all).
+MESSAGE_EVENT_ID = "0"
+
+DoneBody = Callable[[Turn], dict]
+MessageBody = Callable[[Event], dict]
+
+
+def turn_post_streamed(*, session: Session, content: str, sender: str = "",
+                       platform: str = Event.Platform.API) -> Turn:
+    """Store the message and its turn and run the turn, as a sync post does (session lock,
+    earlier unfinished turns first), but in a thread, returning once the message is stored.
+
+    Raises what a sync post raises before storing anything (ServiceUnavailable when Redis,
+    holding the session locks, is down; SessionBusy when the session stayed busy). Once the
+    turn is returned, its outcome (reply or failure) is stored by the thread whatever happens
+    to the caller; follow it with turn_event_stream."""
+    handoff: queue.Queue[Turn | BaseException] = queue.Queue(maxsize=1)
+    opened = threading.Event()
+
+    def hand_over(turn: Turn) -> None:
+        opened.set()
+        handoff.put(turn)
+
+    def run() -> None:
+        try:
+            turn_post(session=session, content=content, sender=sender, platform=platform, opened=hand_over)
+        except BaseException as exc:
+            if not opened.is_set():
+                handoff.put(exc)
+            elif getattr(exc, "status", 500) >= 500 and not hasattr(exc, "code"):
+                logger.exception("A streamed turn of session %s failed", session.pk)
+            else:
+                # The turn stored its failure; the stream's error event says it.
+                logger.info("A streamed turn of session %s failed: %s", session.pk, exc)
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name=f"turn-stream-session-{session.pk}", daemon=True).start()
+    result = handoff.get()
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def turn_event_stream(request, turn: Turn, *, done_body: DoneBody, message_body: MessageBody,
+                      last_event_id: str | None = None) -> StreamingHttpResponse:
+    """The SSE response following `turn` to its end (see the module docstring). `message_body`
+    builds the `message` event's JSON from the stored user message and `done_body` the `done`
+    event's from the stored turn (the caller's serializers: this package sits below the API);
+    `last_event_id` (a client's Last-Event-ID) resumes after that event, without the `message`
+    event again."""
+    follower = _TurnFollower(turn_id=turn.pk, done_body=done_body, message_body=message_body,
+                             last_event_id=event_id_or_none(last_event_id))
+    django_request = getattr(request, "_request", request)  # a DRF Request wraps Django's
+    content = _async_stream(follower) if isinstance(django_request, ASGIRequest) else _sync_stream(follower)
+    response = StreamingHttpResponse(content, content_type=CONTENT_TYPE)
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
+    return response
+
+
+def sse_event(*, event: str, data: dict, event_id: str | None) -> bytes:
+    """One server-sent event: its id, its name and its JSON on one data line."""
+    lines = [f"id: {event_id}"] if event_id is not None else []
+    lines += [f"event: {event}", f"data: {json.dumps(data, cls=JSONEncoder, ensure_ascii=False)}"]
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+class _TurnFollower:
+    """What both flavours of the stream share: the events to send, from the stored turn and
+    the turn's published events; they differ only in how they wait."""
+
+    def __init__(self, *, turn_id: int, done_body: DoneBody, message_body: MessageBody, last_event_id: str | None):
+        self.turn_id = turn_id
+        self.done_body = done_body
+        self.message_body = message_body
+        self.resumed = last_event_id is not None
+        self.last_id = last_event_id or MESSAGE_EVENT_ID
+        self.ended = False  # the turn's END event was read
+        self.error_code = ""  # the END event's, for the error event
+        self.idle_since = time.monotonic()
+
+    def opening(self) -> list[bytes]:
+        if self.resumed:
+            return []
+        message = Turn.objects.select_related("user_message").get(pk=self.turn_id).user_message
+        data = self.message_body(message) if message is not None else {}
+        return [sse_event(event="message", data=data, event_id=MESSAGE_EVENT_ID)]
+
+    def take(self, events: list[TurnEvent]) -> list[bytes]:
+        chunks = []
+        for event in events:
+            self.last_id = event.id
+            if event.kind == END:
+                self.ended = True
+                self.error_code = event.data.get("code") or ""
+                break
+            chunks.append(sse_event(event=event.kind, data=event.data, event_id=event.id))
+        if chunks or self.ended:
+            self.idle_since = time.monotonic()
+        return chunks
+
+    def keepalive(self) -> list[bytes]:
+        if time.monotonic() - self.idle_since < KEEPALIVE_SECONDS:
+            return []
+        self.idle_since = time.monotonic()
+        return [KEEPALIVE]
+
+    def turn_finished(self) -> bool:
+        return not Turn.objects.filter(pk=self.turn_id, status__in=UNFINISHED).exists()
+
+    def closing(self) -> bytes:
+        """The last event, from the stored turn: `done`, or `error` in the §11 shape."""
+        turn = Turn.objects.select_related("user_message", "reply").get(pk=self.turn_id)
+        if turn.status == Turn.Status.DONE:
+            return sse_event(event="done", data=self.done_body(turn), event_id=self.last_id)
+        return self._error(turn)
+
+    def failure(self, exc: Exception) -> bytes:
+        """The stream itself broke (a bug, the database away): the turn may still finish."""
+        logger.exception("The event stream of turn %s broke", self.turn_id)
+        return sse_event(event="error", event_id=self.last_id, data=_error_body(
+            "stream_failed",
+            f"The event stream broke ({type(exc).__name__}); the turn may still finish: poll "
+            f"GET /api/v1/turns/{self.turn_id}/.",
+            {"turn": self.turn_id, "stored": True},
+        ))
+
+    def _error(self, turn: Turn) -> bytes:
+        message_id = turn.user_message_id
+        return sse_event(event="error", event_id=self.last_id, data=_error_body(
+            self.error_code or "turn_failed",
+            f"The turn failed: {turn.error} Your message is stored (message {message_id}); see turn {turn.pk}.",
+            {"turn": turn.pk, "message": message_id, "stored": True},
+        ))
+
+
+def _error_body(code: str, message: str, details: dict) -> dict:
+    return {"error": {"code": code, "message": message, "details": details}}
+
+
+def _sync_stream(follower: _TurnFollower) -> Iterator[bytes]:
+    try:
+        yield from follower.opening()
+        while not follower.ended:
+            events = turn_events_read(follower.turn_id, after=follower.last_id, timeout=POLL_SECONDS)
+            yield from follower.take(events)
+            if events:
+                continue
+            if follower.turn_finished():
+                # Its events were all published before it was stored: read what is left.
+                events = turn_events_read(follower.turn_id, after=follower.last_id, timeout=0)
+                yield from follower.take(events)
+                break
+            yield from follower.keepalive()
+        yield follower.closing()
+    except Exception as exc:
+        yield follower.failure(exc)
+
+
+async def _async_stream(follower: _TurnFollower) -> AsyncIterator[bytes]:
+    # Database reads run in the request's thread (sync_to_async's default), as the view did.
+    try:
+        for chunk in await sync_to_async(follower.opening)():
+            yield chunk
+        while not follower.ended:
+            events = await turn_events_aread(follower.turn_id, after=follower.last_id, timeout=POLL_SECONDS)
+            for chunk in follower.take(events):
+                yield chunk
+            if events:
+                continue
+            if await sync_to_async(follower.turn_finished)():
+                events = await turn_events_aread(follower.turn_id, after=follower.last_id, timeout=0)
+                for chunk in follower.take(events):
+                    yield chunk
+                break
+            for chunk in follower.keepalive():
+                yield chunk
+        yield await sync_to_async(follower.closing)()
+    except Exception as exc:
+        yield follower.failure(exc)
