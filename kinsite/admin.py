@@ -227,7 +227,7 @@ class PromptTemplateAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
         (None, {"fields": ["team", "kin", "kind", "name", "is_active"]}),
         ("Template", {"fields": ["body", "placeholders"]}),
         ("Preview", {"fields": ["preview"], "description": "The saved template rendered with sample values. "
-                     "“Save and continue editing” to preview changes."}),
+                     "“Preview with a kin's real data”, below, renders the text in the form, saved or not."}),
         (None, {"fields": ["created_at", "updated_at"]}),
     ]
     actions = ["activate", "deactivate"]
