@@ -319,8 +319,10 @@ class PromptTemplateAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
         chosen kin's sessions, if it is a kin of the user's teams and the kind reads one."""
         if not (self.has_add_permission(request) or self.has_change_permission(request)):
             raise PermissionDenied
-        kin_id = request.GET.get("preview_kin", "")
-        kin = self._preview_kins(request).filter(pk=kin_id).first() if kin_id.isdigit() else None
+        try:
+            kin = self._preview_kins(request).filter(pk=int(request.GET.get("preview_kin", ""))).first()
+        except ValueError:  # no kin chosen, or not a number
+            kin = None
         kind = request.GET.get("kind")
         reads_session = kind in KINDS and template_previewer(kind).sessions is not None
         return TemplateResponse(request, "admin/kinsite/prompttemplate/_preview_sessions.html",

@@ -319,3 +319,17 @@ def test_the_session_choices_are_the_kins_and_only_for_kinds_that_read_one(staff
     assert f'<option value="{churn_session.pk}">Churn report' in mine
     assert "Borealis" not in theirs and "<option value=\"\">" in theirs
     assert "this kind reads no session" in consolidation.content.decode()
+
+
+def test_ids_out_of_range_or_not_numbers_are_refused_cleanly(staff_client, ada):
+    template = template_of(ada, "introspection")
+    url = reverse("admin:kinsite_prompttemplate_preview_sessions")
+
+    for kin_id in ("9" * 30, "²", "x"):
+        choices = staff_client.get(url, {"preview_kin": kin_id, "kind": "compaction"}).content.decode()
+        assert choices.count("<option") == 1  # the blank one: no kin, no sessions
+        response = staff_client.post(preview_url(template), form_data(template, preview_kin=kin_id), **HTMX)
+        assert "Choose one of the kins offered" in rendered(response)
+    response = staff_client.post(preview_url(template), form_data(
+        template, preview_kin=ada.pk, preview_session="9" * 30), **HTMX)
+    assert "Nothing rendered" in rendered(response)
