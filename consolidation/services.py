@@ -39,8 +39,10 @@ from kinsite.prompt_safety import guarded, one_line
 from kinsite.prompt_templates import (
     ResolvedTemplate,
     TemplateError,
+    TemplatePreview,
     template_default,
     template_fields,
+    template_preview_of,
     template_render,
     template_resolve,
 )
@@ -442,6 +444,35 @@ def consolidation_run(
         return _execute(run=run, kin=kin, snapshot=snapshot, llm=llm, started=started)
 
 
+def consolidation_preview(*, kin: Kin, template_body: str,
+                          max_words: int | None = None) -> tuple[list[dict[str, str]], list[str]]:
+    """The messages a consolidation of `kin` would send now with `template_body` as its
+    template, and notes on what they were read from; reads only (unlike `prepare`, no run
+    is recorded; no lock, no model call). Raises TemplateError for a body that does not
+    validate."""
+    max_words = max_words or settings.CONSOLIDATION_MAX_WORDS
+    snapshot = _snapshot(kin=kin, template=ResolvedTemplate(body=template_body, source="explicit"),
+                         max_words=max_words)
+    notes = [f"{len(snapshot.pending_ids)} pending facts, {len(snapshot.active_ids - snapshot.pending_ids)} "
+             f"earlier facts in force; at most {max_words} words."]
+    if not snapshot.pending_ids:
+        notes.append(f"{kin.name} has no pending facts: a consolidation now would not call the model.")
+    sections = ", ".join(snapshot.sections) or "none (the template has no heading list)"
+    notes.append(f"Canonical sections the answer must have: {sections}. Asked in JSON mode.")
+    return _first_messages(snapshot.prompt), notes
+
+
+def consolidation_template_preview(*, body: str, kin: Kin, session_id: int | None = None) -> TemplatePreview:
+    """consolidation_preview for the admin (kinsite.prompt_templates' previewers); a
+    consolidation reads no session, so `session_id` is not used."""
+    messages, notes = consolidation_preview(kin=kin, template_body=body)
+    return template_preview_of(messages, notes)
+
+
+def _first_messages(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": CONSOLIDATION_SYSTEM}, {"role": "user", "content": prompt}]
+
+
 def consolidation_request(*, kin: Kin, trigger: str, max_words: int | None = None) -> ConsolidationRun:
     """A pending run of `kin`, consolidated by a worker (consolidate_kin_task) after commit,
     for callers that do not wait for the model."""
@@ -563,7 +594,7 @@ def _ask(
     """Ask the model, validate, retry once with the reasons; the valid answer or None.
     Each answer is saved on the run as it comes (raw_answers), with the reasons of the
     latest rejected one (validation_errors; on an applied run: why the first was retried)."""
-    messages = [{"role": "system", "content": CONSOLIDATION_SYSTEM}, {"role": "user", "content": snapshot.prompt}]
+    messages = _first_messages(snapshot.prompt)
     for _attempt in range(2):
         raw = _answer(run=run, kin=kin, messages=messages, llm=llm)
         answer, reasons = answer_validate(

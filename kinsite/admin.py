@@ -2,18 +2,25 @@
 templates. Every admin here and in the apps is team-scoped (kinsite.admin_mixins)."""
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponseNotAllowed
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin, user_manageable_by
-from kinsite.models import ApiToken, LLMCall, Membership, PromptTemplate, Team
+from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin, scoped, user_manageable_by
+from kinsite.errors import InvalidInput
+from kinsite.models import ApiToken, Kin, LLMCall, Membership, PromptTemplate, Team
 from kinsite.prompt_templates import (
     KINDS,
     prompt_template_set_active,
     template_default,
     template_placeholders,
     template_preview,
+    template_previewer,
     template_validate,
 )
 from kinsite.services import api_token_issue, api_token_revoke
@@ -177,6 +184,34 @@ class PromptTemplateForm(forms.ModelForm):
         return cleaned
 
 
+class PromptPreviewForm(forms.Form):
+    """A preview of the change form's template text, saved or not, with a kin's real data:
+    kind and body as the change form posts them (cleaned and validated as a save would),
+    the kin (of the user's teams) and, for the kinds that read one, a session of it."""
+
+    kind = PromptTemplate._meta.get_field("kind").formfield()
+    body = PromptTemplate._meta.get_field("body").formfield()
+    preview_kin = KinChoiceField(
+        queryset=Kin.objects.none(), label="Kin",
+        error_messages={"required": "Choose a kin to preview with.",
+                        "invalid_choice": "Choose one of the kins offered (a kin of your teams)."},
+    )
+    preview_session = forms.IntegerField(required=False, min_value=1, label="Session")
+
+    def __init__(self, *args, kins, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["preview_kin"].queryset = kins
+
+    def clean(self):
+        cleaned = super().clean()
+        kind, body = cleaned.get("kind"), cleaned.get("body")
+        if kind and body is not None:
+            # The save's own check, so the preview refuses exactly what a save refuses.
+            for error in template_validate(kind, body):
+                self.add_error("body", error)
+        return cleaned
+
+
 @admin.register(PromptTemplate)
 class PromptTemplateAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     """Templates are edited, previewed and (de)activated here; they are not deleted, because
@@ -192,13 +227,106 @@ class PromptTemplateAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
         (None, {"fields": ["team", "kin", "kind", "name", "is_active"]}),
         ("Template", {"fields": ["body", "placeholders"]}),
         ("Preview", {"fields": ["preview"], "description": "The saved template rendered with sample values. "
-                     "“Save and continue editing” to preview changes."}),
+                     "“Preview with a kin's real data”, below, renders the text in the form, saved or not."}),
         (None, {"fields": ["created_at", "updated_at"]}),
     ]
     actions = ["activate", "deactivate"]
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    # --- the preview with a kin's real data (templates/admin/kinsite/prompttemplate/) ---
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("preview/", view(self.preview_view), name="kinsite_prompttemplate_preview_add"),
+            path("preview/sessions/", view(self.preview_sessions_view), name="kinsite_prompttemplate_preview_sessions"),
+            path("<path:object_id>/preview/", view(self.preview_view), name="kinsite_prompttemplate_preview"),
+            *super().get_urls(),
+        ]
+
+    @staticmethod
+    def _url(view: str, obj: PromptTemplate | None = None) -> str:
+        return reverse(f"admin:kinsite_prompttemplate_{view}", args=[obj.pk] if obj is not None else [])
+
+    def _preview_kins(self, request):
+        return scoped(Kin.objects.select_related("team"), request.user)
+
+    def _may_preview(self, request, obj=None) -> bool:
+        # Whoever may save the form may preview it: change permission on this template, or
+        # add permission on the add page.
+        return self.has_change_permission(request, obj) if obj is not None else self.has_add_permission(request)
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None and not obj.pk:
+            obj = None
+        if self._may_preview(request, obj):
+            kin = self._preview_kins(request).filter(pk=obj.kin_id).first() if obj and obj.kin_id else None
+            context["real_data_preview"] = {
+                "url": self._url("preview", obj) if obj else self._url("preview_add"),
+                "sessions_url": self._url("preview_sessions"),
+                "kins": self._preview_kins(request),
+                "kin_id": kin.pk if kin else None,
+                "sessions": self._sessions(obj.kind, kin) if kin else [],
+                "reads_session": obj is None or template_previewer(obj.kind).sessions is not None,
+            }
+        return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
+
+    @staticmethod
+    def _sessions(kind: str | None, kin: Kin | None) -> list[tuple[int, str]]:
+        if kin is None or kind not in KINDS:
+            return []
+        lister = template_previewer(kind).sessions
+        return lister(kin) if lister else []
+
+    def preview_view(self, request, object_id=None):
+        """The change form posted here (htmx, or the Preview button's formaction without
+        JavaScript): its template text rendered as the job of its kind would send it for the
+        chosen kin. Nothing is saved, nothing written, no model called."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        obj = None
+        if object_id is not None:
+            obj = self.get_object(request, unquote(object_id))
+            if obj is None:
+                raise Http404("No such prompt template.")
+        if not self._may_preview(request, obj):
+            raise PermissionDenied
+        form = PromptPreviewForm(request.POST, kins=self._preview_kins(request))
+        preview, error = None, ""
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                preview = template_previewer(data["kind"]).render(
+                    body=data["body"], kin=data["preview_kin"], session_id=data["preview_session"]
+                )
+            except InvalidInput as exc:  # a session not of the kin, no session, nothing to summarise
+                error = exc.message
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts, "original": obj, "form": form,
+            "preview": preview, "error": error, "kin": form.cleaned_data.get("preview_kin") if preview else None,
+            "title": "Template preview", "back_url": self._url("change", obj) if obj else self._url("add"),
+        }
+        if request.htmx:
+            # 200 either way: htmx swaps in only successful responses, errors included.
+            return TemplateResponse(request, "admin/kinsite/prompttemplate/_preview.html", context)
+        return TemplateResponse(request, "admin/kinsite/prompttemplate/preview.html", context,
+                                status=200 if preview else 400)
+
+    def preview_sessions_view(self, request):
+        """The session choices of the preview (htmx, when the kin or the kind changes): the
+        chosen kin's sessions, if it is a kin of the user's teams and the kind reads one."""
+        if not (self.has_add_permission(request) or self.has_change_permission(request)):
+            raise PermissionDenied
+        try:
+            kin = self._preview_kins(request).filter(pk=int(request.GET.get("preview_kin", ""))).first()
+        except ValueError:  # no kin chosen, or not a number
+            kin = None
+        kind = request.GET.get("kind")
+        reads_session = kind in KINDS and template_previewer(kind).sessions is not None
+        return TemplateResponse(request, "admin/kinsite/prompttemplate/_preview_sessions.html",
+                                {"sessions": self._sessions(kind, kin), "reads_session": reads_session})
 
     def get_changeform_initial_data(self, request):
         # ?kind=consolidation starts the body from that kind's built-in default.

@@ -13,6 +13,7 @@ literal text (_parse_literal_braces)."""
 import difflib
 import re
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,6 +22,7 @@ from django.db.models import Q
 
 from kinsite.errors import InvalidInput
 from kinsite.models import Kin, PromptTemplate
+from kinsite.tokencount import count_tokens
 
 Kind = PromptTemplate.Kind
 
@@ -551,3 +553,68 @@ def prompt_template_set_active(*, template: PromptTemplate, active: bool) -> Non
         ).exclude(pk=template.pk).update(is_active=False)
     template.is_active = active
     template.save(update_fields=["is_active", "updated_at"])
+
+
+# --- previews with a kin's real data ---------------------------------------------------------
+# The admin previews a template, saved or not, as the job of its kind would send it for a
+# chosen kin. Each kind's job lives in an app above kinsite (compaction and introspection in
+# sessions_app, consolidation in consolidation), so each app registers its previewer here in
+# its AppConfig.ready(), as it registers its job kinds with kinsite.jobs.
+
+
+@dataclass(frozen=True)
+class PreviewMessage:
+    role: str
+    content: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class TemplatePreview:
+    """What a job would send the model: its messages in order, each with its token count,
+    and notes on what they were read from."""
+
+    messages: list[PreviewMessage]
+    notes: list[str]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(message.tokens for message in self.messages)
+
+
+def template_preview_of(messages: list[dict], notes: list[str]) -> TemplatePreview:
+    """A TemplatePreview of chat `messages` ({"role", "content"}), their tokens counted."""
+    return TemplatePreview(
+        messages=[PreviewMessage(role=m["role"], content=m["content"], tokens=count_tokens(m["content"]))
+                  for m in messages],
+        notes=notes,
+    )
+
+
+@dataclass(frozen=True)
+class TemplatePreviewer:
+    # render(body=..., kin=..., session_id=...) -> TemplatePreview, reading only: nothing
+    # written, no model called. Raises TemplateError for a body that does not validate and
+    # InvalidInput for a session that is not the kin's (or a kin without one, when needed).
+    render: Callable[..., TemplatePreview]
+    # The kin's sessions to choose from, (id, label), most recently active first; None for
+    # a kind whose job reads no session.
+    sessions: Callable[[Kin], list[tuple[int, str]]] | None = None
+
+
+_PREVIEWERS: dict[str, TemplatePreviewer] = {}
+
+
+def template_previewers_register(previewers: dict[str, TemplatePreviewer]) -> None:
+    """Register the previewer of each kind in `previewers` (AppConfig.ready)."""
+    for kind in previewers:
+        _kind(kind)
+    _PREVIEWERS.update(previewers)
+
+
+def template_previewer(kind: str) -> TemplatePreviewer:
+    _kind(kind)
+    try:
+        return _PREVIEWERS[kind]
+    except KeyError:
+        raise LookupError(f"No previewer is registered for {kind} templates.") from None

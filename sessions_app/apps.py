@@ -13,3 +13,9 @@ class SessionsAppConfig(AppConfig):
         from sessions_app.turns import TURN_JOBS
 
         job_kinds_register(TURN_JOBS, INTROSPECTION_JOBS, COMPACTION_JOBS)
+
+        # The admin previews compaction and introspection templates with a session's real data.
+        from kinsite.prompt_templates import template_previewers_register
+        from sessions_app.template_previews import PREVIEWERS
+
+        template_previewers_register(PREVIEWERS)

@@ -16,6 +16,7 @@ from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from kinsite.cachelock import cache_lock
+from kinsite.errors import InvalidInput
 from kinsite.jobs import (
     JobKind,
     cache_key_free,
@@ -166,6 +167,12 @@ def compaction_cut(items: Sequence[HistoryItem], *, keep_tokens: int) -> int:
     return clean[-1] if clean else 0
 
 
+def _cut(session: Session, events: Sequence[Event]) -> int:
+    """How many of the oldest un-summarised `events` a compaction over the trigger folds."""
+    keep_tokens = settings.COMPACTION_KEEP_TOKENS or _history_budget(session) // 4
+    return compaction_cut([_history_item(event) for event in events], keep_tokens=keep_tokens)
+
+
 def _tool_call_ids(event: Event) -> tuple[str, ...]:
     # Tool events store their calls OpenAI-style: data["tool_calls"] = [{"id", "name", "arguments"}].
     return tuple(str(call["id"]) for call in _tool_calls(event) if call.get("id"))
@@ -306,10 +313,7 @@ def session_compact(*, session: Session) -> Summary | None:
             if not (over_trigger or late):
                 return None
             events = list(unsummarised_events(session=session, summary=previous))
-        keep_tokens = settings.COMPACTION_KEEP_TOKENS or _history_budget(session) // 4
-        cut = 0
-        if over_trigger:
-            cut = compaction_cut([_history_item(event) for event in events], keep_tokens=keep_tokens)
+        cut = _cut(session, events) if over_trigger else 0
         if cut == 0 and not late:
             return None
         covered = events[:cut]
@@ -356,6 +360,35 @@ def session_compact(*, session: Session) -> Summary | None:
                 previous=previous,
                 seen_through_id=seen_through,
             )
+
+
+def compaction_preview(*, session: Session, template_body: str) -> tuple[list[dict[str, str]], list[str]]:
+    """The messages a compaction of `session` would send now with `template_body` as its
+    template, and notes on what they cover; reads only (no lock, no run, no model call).
+    Raises TemplateError for a body that does not validate, InvalidInput when the session
+    has nothing to summarise. Below the trigger a compaction would not run: the preview then
+    folds every un-summarised event, so there is something to look at."""
+    previous = latest_summary(session)
+    late = list(late_events(session=session, summary=previous))
+    over_trigger = _over_trigger(session, previous)
+    events = list(unsummarised_events(session=session, summary=previous))
+    cut = _cut(session, events) if over_trigger else 0
+    notes = []
+    if cut == 0 and not late:
+        if not events:
+            raise InvalidInput(f"{session} has nothing to summarise: no messages after its latest summary.")
+        cut = len(events)
+        tokens = sum(event.token_count for event in events)
+        trigger = round(settings.COMPACTION_TRIGGER_RATIO * _history_budget(session))
+        notes.append(f"The un-summarised history ({tokens} tokens) is below the compaction trigger ({trigger} "
+                     f"tokens): a compaction would not run now. This preview folds all {len(events)} of its events.")
+    folded = late + events[:cut]
+    notes.append(f"Summarises {len(folded)} events ({_message_count(folded)} messages); keeps "
+                 f"{len(events) - cut} newer events visible"
+                 + (f"; merges the previous summary (#{previous.pk})." if previous else "; no previous summary."))
+    messages = build_compaction_messages(kin_name=session.kin.name, events=folded, previous=previous,
+                                         template=template_body, late_count=len(late))
+    return messages, notes
 
 
 # --- the run: requested, claimed, swept ------------------------------------------------------

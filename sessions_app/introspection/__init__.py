@@ -54,6 +54,7 @@ from memories.services import Actor
 from sessions_app.compaction import transcript_line
 from sessions_app.introspection.tools import (
     DESCRIPTION_MAX_CHARS,
+    TOOL_NAMES,
     IntrospectionState,
     introspection_toolset,
     memory_write_apply,
@@ -409,16 +410,7 @@ def _error_text(exc: Exception) -> str:
 
 def _prompt(template, *, kin: Kin, session: Session, events: list[Event], config: IntrospectionSettings,
             run: IntrospectionRun) -> str:
-    ordered = sorted(events, key=lambda event: (event.created_at, event.pk))
-    values = {
-        "kin_name": one_line(kin.name),
-        # Stored text: kept to one line or quoted, so it cannot close the tag blocks of the
-        # template or pose as an instruction (kinsite.prompt_safety).
-        "description": one_line(session.description, DESCRIPTION_MAX_CHARS) or "(none yet)",
-        "working_memory": quoted(session.working_memory) or "(empty)",
-        "events": "\n".join(transcript_line(event, kin_name=kin.name) for event in ordered),
-        "max_tool_calls": config.max_tool_calls,
-    }
+    values = _prompt_values(kin=kin, session=session, events=events, config=config)
     try:
         return template_render("introspection", template.body, values)
     except TemplateError as exc:
@@ -430,6 +422,43 @@ def _prompt(template, *, kin: Kin, session: Session, events: list[Event], config
         return template_render("introspection", template_default("introspection"), values)
 
 
+def _prompt_values(*, kin: Kin, session: Session, events: list[Event],
+                   config: IntrospectionSettings) -> dict[str, str | int]:
+    ordered = sorted(events, key=lambda event: (event.created_at, event.pk))
+    return {
+        "kin_name": one_line(kin.name),
+        # Stored text: kept to one line or quoted, so it cannot close the tag blocks of the
+        # template or pose as an instruction (kinsite.prompt_safety).
+        "description": one_line(session.description, DESCRIPTION_MAX_CHARS) or "(none yet)",
+        "working_memory": quoted(session.working_memory) or "(empty)",
+        "events": "\n".join(transcript_line(event, kin_name=kin.name) for event in ordered),
+        "max_tool_calls": config.max_tool_calls,
+    }
+
+
+def _first_messages(prompt: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": INTROSPECTION_SYSTEM}, {"role": "user", "content": prompt}]
+
+
+def introspection_preview(*, session: Session, template_body: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The messages a run for `session` would send first, now, with `template_body` as its
+    template, and notes on what they were read from; reads only (no run, no events, no
+    model call). Raises TemplateError for a body that does not validate."""
+    kin = session.kin
+    config = introspection_settings(kin)
+    events = events_to_introspect(session=session, token_budget=kin.effective_history_budget)
+    prompt = template_render("introspection", template_body,
+                             _prompt_values(kin=kin, session=session, events=events, config=config))
+    notes = [f"{len(events)} events since the last introspection."]
+    if not events:
+        notes.append("With no new events a run now would be skipped, nothing sent.")
+    if not config.enabled:
+        notes.append(f"Introspection is disabled for {kin.name}: no run would start.")
+    notes.append(f"Offered with the tools {', '.join(TOOL_NAMES)}, at most {config.max_tool_calls} "
+                 f"calls; model: {config.model or 'the kin’s'}.")
+    return _first_messages(prompt), notes
+
+
 def _introspection_converse(*, run: IntrospectionRun, session: Session, prompt: str, state: IntrospectionState,
               config: IntrospectionSettings) -> str:
     """The model/tool loop; returns the model's closing note. At most max_tool_calls tool
@@ -438,10 +467,7 @@ def _introspection_converse(*, run: IntrospectionRun, session: Session, prompt: 
     tools = introspection_toolset()
     schemas = [tool.schema for tool in tools.values()]
     tool_context = _tool_context(run=run, kin=kin)
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": INTROSPECTION_SYSTEM},
-        {"role": "user", "content": prompt},
-    ]
+    messages = _first_messages(prompt)
     capped = config.max_tool_calls <= 0
     while True:
         result = llm_chat(purpose="introspection", messages=messages, team=kin.team, kin=kin,
