@@ -416,3 +416,15 @@ def test_newest_first_reads_use_the_indexes(team, kin):
             cursor.execute("EXPLAIN " + sql, params)
             plan = "\n".join(line for (line,) in cursor.fetchall())
             assert index in plan, (kind, plan)
+
+
+@pytest.mark.parametrize("event", ["abc", "-1", "0", "9" * 40, "other-session"])
+def test_session_page_ignores_an_event_it_does_not_hold(logged_in, kin, event):
+    chat = SessionFactory(kin=kin)
+    for _ in range(55):
+        MessageFactory(session=chat)
+    if event == "other-session":
+        event = str(MessageFactory(session=SessionFactory(kin=kin)).pk)
+    response = logged_in.get(reverse("dashboard:session_detail", args=[chat.pk]), {"event": event})
+    assert response.status_code == 200
+    assert response.context["page"].number == 1
