@@ -14,7 +14,7 @@ import base64
 import binascii
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db.models import Model, Q, QuerySet
 from django.urls import reverse
@@ -148,8 +148,9 @@ def _turn_row(turn: Turn) -> ActivityRow:
 
 def _introspection_row(run: IntrospectionRun) -> ActivityRow:
     what = f"{run.get_trigger_display()} · {run.session} · {run.event_count} event{'s' if run.event_count != 1 else ''}"
+    # ?run= makes the session page's panel list runs down to this one.
     return _row("introspection", run, what=what, kin_name=run.session.kin.name,
-                url=_session_url(run.session_id, anchor=f"introspection-run-{run.pk}"),
+                url=_session_url(run.session_id, query=f"run={run.pk}", anchor=f"introspection-run-{run.pk}"),
                 duration=_duration(run, run.duration_ms), error=run.error)
 
 
@@ -287,9 +288,13 @@ def cursor_decode(text: str) -> Key:
         stamp, kind, pk_text = raw.split("|")
         created_at = datetime.fromisoformat(stamp)
         pk = int(pk_text)
-    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        if created_at.tzinfo is None:
+            raise ValueError("a cursor's time has a time zone")
+        # In UTC, as the database compares it (year 1 at +05:00 would overflow there).
+        created_at = created_at.astimezone(UTC)
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError) as exc:
         raise FilterInvalid(CURSOR_INVALID) from exc
-    if created_at.tzinfo is None or kind not in SOURCES or not pk_text.isdigit() or not 0 < pk < 2**63:
+    if kind not in SOURCES or not pk_text.isdigit() or not 0 < pk < 2**63:
         raise FilterInvalid(CURSOR_INVALID)
     return (created_at, kind, pk)
 

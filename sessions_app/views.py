@@ -189,7 +189,8 @@ def _session_page(request, chat_session: Session, *, form: ChatPostForm | None =
         "entries": entries,
         "form": form,
         "form_error": error,
-        **_introspection_context(chat_session, runs_shown=_runs_shown(request), checkpoint_error=checkpoint_error),
+        **_introspection_context(chat_session, runs_shown=_runs_shown_for_run(request, chat_session),
+                                 checkpoint_error=checkpoint_error),
     }
     return render(request, "dashboard/session_detail.html", context, status=status)
 
@@ -265,6 +266,21 @@ def _runs_shown(request) -> int:
     except ValueError:
         shown = RUNS_PER_PAGE  # an old or mistyped link: the default, not an error
     return min(max(shown, RUNS_PER_PAGE), RUNS_MAX)
+
+
+def _runs_shown_for_run(request, chat_session: Session) -> int:
+    """_runs_shown, or with ?run= (an activity row's link to a run) and no ?runs=: enough runs
+    to include that one, up to RUNS_MAX. One query counting the newer runs."""
+    run_id = request.GET.get("run", "")
+    if "runs" in request.GET or not run_id.isdigit() or len(run_id) > 18:
+        return _runs_shown(request)
+    run = IntrospectionRun.objects.filter(session=chat_session, pk=int(run_id)).values("created_at", "pk").first()
+    if run is None:
+        return _runs_shown(request)
+    newer = selectors.introspection_run_list(session=chat_session).filter(
+        Q(created_at__gt=run["created_at"]) | Q(created_at=run["created_at"], pk__gt=run["pk"])
+    ).count()
+    return min(max(newer + 1, RUNS_PER_PAGE), RUNS_MAX)
 
 
 def _introspection_context(chat_session: Session, *, runs_shown: int, checkpoint_error: str = "",

@@ -48,7 +48,7 @@ def test_failed_runs_are_found_through_the_failures_filter(logged_in_page, brows
     expect(page.locator(".activity-row.kind-turn")).to_have_count(0)
 
     run_row.get_by_role("link").click()
-    page.wait_for_url(f"**/sessions/{chat.pk}/#introspection-run-{failed.pk}")
+    page.wait_for_url(f"**/sessions/{chat.pk}/?run={failed.pk}#introspection-run-{failed.pk}")
     detail = page.locator(f"#introspection-run-{failed.pk}")
     expect(detail).to_be_visible()
     expect(detail.locator(".run-error")).to_contain_text("(after 3 attempts)")

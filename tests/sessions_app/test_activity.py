@@ -106,7 +106,10 @@ def test_team_page_lists_every_kind_with_its_status_and_link(logged_in, team, ki
     assert by_kind["turn"].url == (
         f"/sessions/{chat.pk}/?event={turn.user_message_id}#event-{turn.user_message_id}"
     )
-    assert by_kind["introspection"].url == f"/sessions/{chat.pk}/#introspection-run-{rows['introspection'].pk}"
+    introspection = rows["introspection"]
+    assert by_kind["introspection"].url == (
+        f"/sessions/{chat.pk}/?run={introspection.pk}#introspection-run-{introspection.pk}"
+    )
     assert by_kind["compaction"].url == f"/sessions/{chat.pk}/"
     run = rows["consolidation"]
     assert by_kind["consolidation"].url == f"/kins/{kin.pk}/experience/?run={run.pk}#run-{run.pk}"
@@ -254,6 +257,9 @@ def _b64(text: str) -> str:
     _b64("2026-01-01T00:00:00+00:00|turn|0"),
     _b64("2026-01-01T00:00:00+00:00|turn|99999999999999999999999"),
     _b64("9999-99-99T00:00:00+00:00|turn|5"),
+    _b64("0001-01-01T00:00:00+05:00|turn|5"),
+    _b64("9999-12-31T23:59:59-05:00|turn|5"),
+    _b64("2026-01-01T00:00:00+00:00|turn|5|6"),
     base64.urlsafe_b64encode(b"\xff\xfe\x00").decode(),
     "A" * 500,
 ])
@@ -428,3 +434,18 @@ def test_session_page_ignores_an_event_it_does_not_hold(logged_in, kin, event):
     response = logged_in.get(reverse("dashboard:session_detail", args=[chat.pk]), {"event": event})
     assert response.status_code == 200
     assert response.context["page"].number == 1
+
+
+def test_introspection_link_opens_the_panel_down_to_the_run(logged_in, kin):
+    chat = SessionFactory(kin=kin)
+    old = at(IntrospectionRunFactory(session=chat, status=IntrospectionRun.Status.FAILED, error="Too old to list"), 0)
+    for second in range(1, 15):  # more newer runs than the panel lists by default
+        at(IntrospectionRunFactory(session=chat, status=IntrospectionRun.Status.DONE), second)
+    [row] = logged_in.get(kin_url(kin, status="failed")).context["rows"]
+
+    response = logged_in.get(row.url.split("#")[0])
+
+    assert response.context["runs_shown"] == 15
+    body = response.content.decode()
+    assert f'id="introspection-run-{old.pk}"' in body and "Too old to list" in body
+    assert logged_in.get(reverse("dashboard:session_detail", args=[chat.pk])).context["runs_shown"] == 10
