@@ -41,7 +41,7 @@ pages = [
     path("workflows/<int:workflow_id>/lineage/<str:fmt>/<path:client_id>/", workflow_views.node_lineage_download,
          name="workflow_node_export"),
     path("activity/", session_views.team_activity, name="activity"),
-    path("model-calls/<int:call_id>/", views.model_call_detail, name="model_call_detail"),
+    path("model-calls/<int:model_call_id>/", views.model_call_detail, name="model_call_detail"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
 ]

@@ -84,9 +84,9 @@ def kin_detail(request, kin_id: int):
 
 
 @team_required
-def model_call_detail(request, call_id: int):
+def model_call_detail(request, model_call_id: int):
     """One logged model call (kinsite.models.LLMCall), where an activity row of a model call leads."""
-    call = llm_call_get(team=request.team, call_id=call_id)
+    call = llm_call_get(team=request.team, call_id=model_call_id)
     return render(request, "dashboard/model_call_detail.html", {"call": call})
 
 
