@@ -458,8 +458,9 @@ def _activity_page(request, scope: activity.Scope, *, template_context: dict):
     which and what the choices are; nothing is read then."""
     sources = activity.kinds_for(scope)
     known_kinds = [source.kind for source in sources]
-    kinds = [kind for kind in request.GET.getlist("kind") if kind]
-    statuses = [status for status in request.GET.getlist("status") if status]
+    # A value given twice counts once (a kind read twice would list its rows twice).
+    kinds = list(dict.fromkeys(kind for kind in request.GET.getlist("kind") if kind))
+    statuses = list(dict.fromkeys(status for status in request.GET.getlist("status") if status))
     problems = []
     unknown = [kind for kind in kinds if kind not in known_kinds]
     if unknown:

@@ -168,6 +168,8 @@ def test_filter_by_kind_and_status(logged_in, team, kin):
 
     response = logged_in.get(team_url(kind="turn", status="done"))
     assert shown(response) == [("turn", done_turn.pk)]
+    response = logged_in.get(team_url(kind=["turn", "turn"], status=["done", "done"]))
+    assert shown(response) == [("turn", done_turn.pk)]
 
     # Done includes a kind's own words for it: a skipped introspection, an applied consolidation.
     response = logged_in.get(team_url(status="done"))
