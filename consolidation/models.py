@@ -114,6 +114,8 @@ class ConsolidationRun(models.Model):
             # The sweeps (every minute) read only pending runs, and running runs oldest start first.
             models.Index(fields=["id"], condition=Q(status="pending"), name="consolidation_run_pending"),
             models.Index(fields=["started_at"], condition=Q(status="running"), name="consolidation_run_running"),
+            # A kin's runs newest first: the experience page and the activity pages.
+            models.Index(fields=["kin", "created_at", "id"], name="consolidation_run_kin_newest"),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -13,6 +13,7 @@ pages = [
     path("", views.home, name="home"),
     path("kins/", views.kin_list, name="kins"),
     path("kins/<int:kin_id>/", views.kin_detail, name="kin_detail"),
+    path("kins/<int:kin_id>/activity/", session_views.kin_activity, name="kin_activity"),
     path("kins/<int:kin_id>/memories/", memory_views.memory_list, name="memory_list"),
     path("kins/<int:kin_id>/memories/add/", memory_views.memory_add, name="memory_add"),
     path("kins/<int:kin_id>/memories/<int:memory_id>/", memory_views.memory_detail, name="memory_detail"),
@@ -39,6 +40,8 @@ pages = [
          name="workflow_node"),
     path("workflows/<int:workflow_id>/lineage/<str:fmt>/<path:client_id>/", workflow_views.node_lineage_download,
          name="workflow_node_export"),
+    path("activity/", session_views.team_activity, name="activity"),
+    path("model-calls/<int:model_call_id>/", views.model_call_detail, name="model_call_detail"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
 ]

@@ -134,6 +134,11 @@ class LLMCall(models.Model):
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "LLM call"
+        indexes = [
+            # A kin's and a team's calls newest first: the activity pages (sessions_app.activity).
+            models.Index(fields=["kin", "created_at", "id"], name="llmcall_kin_newest"),
+            models.Index(fields=["team", "created_at", "id"], name="llmcall_team_newest"),
+        ]
 
     def __str__(self):
         return f"{self.purpose} {self.model} {self.status}"

@@ -1,7 +1,7 @@
 """Reads for teams, tokens and kins, scoped to a team."""
 from django.shortcuts import get_object_or_404
 
-from kinsite.models import ApiToken, Kin, Membership, Team
+from kinsite.models import ApiToken, Kin, LLMCall, Membership, Team
 from kinsite.services import token_digest
 
 
@@ -33,3 +33,8 @@ def kin_list(*, team: Team):
 
 def kin_get(*, team: Team, kin_id: int) -> Kin:
     return get_object_or_404(Kin, team=team, pk=kin_id)
+
+
+def llm_call_get(*, team: Team, call_id: int) -> LLMCall:
+    """One model call of the team (404 otherwise, also for calls logged without a team)."""
+    return get_object_or_404(LLMCall.objects.select_related("kin"), team=team, pk=call_id)

@@ -1,5 +1,5 @@
-"""Dashboard pages: the team's kins, a kin, API tokens (a session's chat page is in
-sessions_app.views). Every read goes through a selector scoped to the signed-in
+"""Dashboard pages: the team's kins, a kin, a model call, API tokens (a session's chat page
+and the activity pages are in sessions_app.views). Every read goes through a selector scoped to the signed-in
 user's team; other teams' objects answer 404."""
 from functools import wraps
 
@@ -10,7 +10,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
 from kinsite.models import Membership
-from kinsite.selectors import api_token_list, kin_get, membership_role, team_for_user
+from kinsite.selectors import api_token_list, kin_get, llm_call_get, membership_role, team_for_user
 from kinsite.services import api_token_issue, api_token_revoke
 from sessions_app import selectors as sessions
 
@@ -81,6 +81,13 @@ def kin_detail(request, kin_id: int):
     kin = kin_get(team=request.team, kin_id=kin_id)
     chat_sessions = sessions.session_list_with_counts(team=request.team, kin=kin)
     return render(request, "dashboard/kin_detail.html", {"kin": kin, "chat_sessions": chat_sessions})
+
+
+@team_required
+def model_call_detail(request, model_call_id: int):
+    """One logged model call (kinsite.models.LLMCall), where an activity row of a model call leads."""
+    call = llm_call_get(team=request.team, call_id=model_call_id)
+    return render(request, "dashboard/model_call_detail.html", {"call": call})
 
 
 TOKEN_MANAGER_ROLES = {Membership.Role.OWNER, Membership.Role.ADMIN}

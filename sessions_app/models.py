@@ -173,6 +173,8 @@ class Turn(models.Model):
             models.Index(fields=["id"], condition=Q(status="pending"), name="turn_pending"),
             # The stalled-turn sweep (every minute) reads only running turns, oldest start first.
             models.Index(fields=["started_at"], condition=Q(status="running"), name="turn_running"),
+            # The activity pages read turns newest first (sessions_app.activity).
+            models.Index(fields=["created_at", "id"], name="turn_newest"),
         ]
 
     def __str__(self):
@@ -237,6 +239,8 @@ class CompactionRun(models.Model):
             # The sweeps (every minute) read only pending runs, and running runs oldest start first.
             models.Index(fields=["id"], condition=Q(status="pending"), name="compaction_run_pending"),
             models.Index(fields=["started_at"], condition=Q(status="running"), name="compaction_run_running"),
+            # The activity pages read runs newest first (sessions_app.activity).
+            models.Index(fields=["created_at", "id"], name="compaction_run_newest"),
         ]
 
     def __str__(self):
@@ -289,6 +293,8 @@ class IntrospectionRun(models.Model):
             # The requeue sweep (every minute) reads only pending runs. The stalled-run sweep
             # reads running runs through the partial unique index of the constraint below.
             models.Index(fields=["id"], condition=Q(status="pending"), name="introspection_run_pending"),
+            # The activity pages read runs newest first (sessions_app.activity).
+            models.Index(fields=["created_at", "id"], name="introspection_run_newest"),
         ]
         constraints = [
             # At most one run per session at a time, enforced by the database.

@@ -3,7 +3,8 @@ swapped in, with the tool calls that led to it folded underneath), the prompt
 preview beside it, and the introspection panel below (working memory, description,
 the recent runs and a "Checkpoint now" button). Posting calls sessions_app.turns.turn_post,
 the preview sessions_app.prompt.prompt_assemble and the checkpoint
-sessions_app.introspection.introspection_request, the same services the API calls."""
+sessions_app.introspection.introspection_request, the same services the API calls. Also the
+activity pages of a kin and of the team (sessions_app.activity), which read every app's rows."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from django import forms
 from django.conf import settings
 from django.core.paginator import Paginator
+from django.db.models import Q
+from django.http import QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
@@ -19,8 +22,9 @@ from django.views.decorators.http import require_POST, require_safe
 
 from kinsite.errors import ServiceUnavailable
 from kinsite.prompt_safety import one_line_problem
+from kinsite.selectors import kin_get
 from kinsite.views import render_partial_or_page, team_required, wants_partial
-from sessions_app import selectors, turns
+from sessions_app import activity, selectors, turns
 from sessions_app.introspection import IntrospectionDisabled, introspection_request, introspection_settings
 from sessions_app.locks import SessionBusy
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
@@ -174,7 +178,7 @@ def _session_page(request, chat_session: Session, *, form: ChatPostForm | None =
         # Counted with the session (session_get_with_event_count): that saved query pays for
         # the introspection runs' one, keeping the page within its query budget.
         paginator.count = chat_session.event_count
-    page = paginator.get_page(request.GET.get("page"))
+    page = paginator.get_page(request.GET.get("page") or _page_of_event(chat_session, request.GET.get("event")))
     entries = _entries_for(chat_session, list(reversed(page.object_list)))
     if form is None:
         form = ChatPostForm(initial={"sender": request.user.get_username()})
@@ -185,9 +189,25 @@ def _session_page(request, chat_session: Session, *, form: ChatPostForm | None =
         "entries": entries,
         "form": form,
         "form_error": error,
-        **_introspection_context(chat_session, runs_shown=_runs_shown(request), checkpoint_error=checkpoint_error),
+        **_introspection_context(chat_session, runs_shown=_runs_shown_for_run(request, chat_session),
+                                 checkpoint_error=checkpoint_error),
     }
     return render(request, "dashboard/session_detail.html", context, status=status)
+
+
+def _page_of_event(chat_session: Session, event_id: str | None) -> int:
+    """The conversation page holding the event ?event= names (an activity row's link to a
+    turn): one query counting the newer events. 1 (the newest) for anything else."""
+    if not (event_id or "").isdigit() or len(event_id) > 18:
+        return 1
+    event = Event.objects.filter(session=chat_session, kind__in=CONVERSATION_KINDS, pk=int(event_id)).values(
+        "created_at", "pk").first()
+    if event is None:
+        return 1
+    newer = Event.objects.filter(session=chat_session, kind__in=CONVERSATION_KINDS).filter(
+        Q(created_at__gt=event["created_at"]) | Q(created_at=event["created_at"], pk__gt=event["pk"])
+    ).count()
+    return newer // MESSAGES_PER_PAGE + 1
 
 
 # --- the introspection panel -------------------------------------------------------------------
@@ -246,6 +266,21 @@ def _runs_shown(request) -> int:
     except ValueError:
         shown = RUNS_PER_PAGE  # an old or mistyped link: the default, not an error
     return min(max(shown, RUNS_PER_PAGE), RUNS_MAX)
+
+
+def _runs_shown_for_run(request, chat_session: Session) -> int:
+    """_runs_shown, or with ?run= (an activity row's link to a run) and no ?runs=: enough runs
+    to include that one, up to RUNS_MAX. One query counting the newer runs."""
+    run_id = request.GET.get("run", "")
+    if "runs" in request.GET or not run_id.isdigit() or len(run_id) > 18:
+        return _runs_shown(request)
+    run = IntrospectionRun.objects.filter(session=chat_session, pk=int(run_id)).values("created_at", "pk").first()
+    if run is None:
+        return _runs_shown(request)
+    newer = selectors.introspection_run_list(session=chat_session).filter(
+        Q(created_at__gt=run["created_at"]) | Q(created_at=run["created_at"], pk__gt=run["pk"])
+    ).count()
+    return min(max(newer + 1, RUNS_PER_PAGE), RUNS_MAX)
 
 
 def _introspection_context(chat_session: Session, *, runs_shown: int, checkpoint_error: str = "",
@@ -412,3 +447,70 @@ def session_prompt_preview(request, session_id: int):
     status = 400 if prompt is None and not wants_partial(request) else 200
     return render_partial_or_page(request, partial="dashboard/_prompt_preview.html",
                                   page="dashboard/prompt_preview.html", context=context, status=status)
+
+
+# --- the activity pages ------------------------------------------------------------------------
+
+
+def _activity_page(request, scope: activity.Scope, *, template_context: dict):
+    """A scope's activity (sessions_app.activity) as filtered by ?kind= (repeatable), ?status=
+    (repeatable) and paged by ?cursor=. An unknown value answers 400 with the page saying
+    which and what the choices are; nothing is read then."""
+    sources = activity.kinds_for(scope)
+    known_kinds = [source.kind for source in sources]
+    # A value given twice counts once (a kind read twice would list its rows twice).
+    kinds = list(dict.fromkeys(kind for kind in request.GET.getlist("kind") if kind))
+    statuses = list(dict.fromkeys(status for status in request.GET.getlist("status") if status))
+    problems = []
+    unknown = [kind for kind in kinds if kind not in known_kinds]
+    if unknown:
+        problems.append(f"Unknown kind {unknown[0]!r}: this page lists {', '.join(known_kinds)}.")
+    unknown = [status for status in statuses if status not in activity.STATUSES]
+    if unknown:
+        problems.append(f"Unknown status {unknown[0]!r}: choose among {', '.join(activity.STATUSES)}.")
+    cursor = None
+    if request.GET.get("cursor"):
+        try:
+            cursor = activity.cursor_decode(request.GET["cursor"])
+        except activity.FilterInvalid as exc:
+            problems.append(str(exc))
+    rows, next_url = [], None
+    if not problems:
+        page = activity.activity_page(scope=scope, kinds=kinds or known_kinds, statuses=statuses, cursor=cursor,
+                                      size=activity.PAGE_SIZE)
+        rows = page.rows
+        if page.next_cursor:
+            params = request.GET.copy()
+            params["cursor"] = page.next_cursor
+            next_url = "?" + params.urlencode()
+    failures = QueryDict(mutable=True)
+    failures.setlist("kind", [kind for kind in kinds if kind in known_kinds])
+    failures["status"] = activity.FAILED
+    context = {
+        **template_context,
+        "scope": scope,
+        "rows": rows,
+        "kind_choices": [(source.kind, source.label, source.kind in kinds) for source in sources],
+        "status_choices": activity.STATUSES,
+        "statuses": statuses,
+        "filtered": bool(kinds or statuses),
+        "failures_only": statuses == [activity.FAILED],
+        "failures_url": "?" + failures.urlencode(),
+        "next_url": next_url,
+        "paged": cursor is not None,
+        "problems": problems,
+    }
+    return render(request, "dashboard/activity.html", context, status=400 if problems else 200)
+
+
+@require_safe
+@team_required
+def kin_activity(request, kin_id: int):
+    kin = kin_get(team=request.team, kin_id=kin_id)
+    return _activity_page(request, activity.Scope(team=request.team, kin=kin), template_context={"kin": kin})
+
+
+@require_safe
+@team_required
+def team_activity(request):
+    return _activity_page(request, activity.Scope(team=request.team), template_context={"kin": None})

@@ -7,7 +7,7 @@ from kinsite.models import Kin, LLMCall, Membership, PromptTemplate, Team
 from kinsite.prompt_templates import template_default
 from kinsite.tokencount import count_tokens
 from memories.models import Memory, MemoryChange
-from sessions_app.models import Event, IntrospectionRun, Session, Summary, Turn
+from sessions_app.models import CompactionRun, Event, IntrospectionRun, Session, Summary, Turn
 from workflows.models import Edge, Node, NodeResult, NodeRun, Workflow, WorkflowRun
 
 
@@ -157,6 +157,15 @@ class IntrospectionRunFactory(factory.django.DjangoModelFactory):
 
     session = factory.SubFactory(SessionFactory)
     trigger = IntrospectionRun.Trigger.MANUAL
+
+
+class CompactionRunFactory(factory.django.DjangoModelFactory):
+    """A requested compaction's row (pending unless told); sessions_app.compaction writes real ones."""
+
+    class Meta:
+        model = CompactionRun
+
+    session = factory.SubFactory(SessionFactory)
 
 
 class FactFactory(factory.django.DjangoModelFactory):

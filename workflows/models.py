@@ -110,6 +110,10 @@ class WorkflowRun(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [
+            # A workflow's runs newest first: its last run, and the team's activity page.
+            models.Index(fields=["workflow", "created_at", "id"], name="workflow_run_newest"),
+        ]
 
     def __str__(self):
         return f"Run {self.pk} of workflow {self.workflow_id} ({self.status})"

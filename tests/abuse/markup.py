@@ -76,6 +76,7 @@ class MarkupWorld:
     node: object
     token: object
     run: object  # the consolidation run with the payload in all its texts
+    model_call: object = None
     # marker → (model label, field) of the value that carries it
     markers: dict[str, tuple[str, str]] = field(default_factory=dict)
     _counter: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -83,7 +84,8 @@ class MarkupWorld:
     @property
     def ids(self) -> dict[str, object]:
         return {"kin": self.kin.pk, "session": self.session.pk, "memory": self.memory.pk,
-                "workflow": self.workflow.pk, "node": self.node.client_id, "token": self.token.pk}
+                "workflow": self.workflow.pk, "node": self.node.client_id, "token": self.token.pk,
+                "model_call": self.model_call.pk}
 
     def text(self, where: tuple[str, str], max_length: int | None = None) -> str:
         marker = f"m{next(self._counter)}"
@@ -183,8 +185,8 @@ def build_markup_world(*, team, user, payload: str) -> MarkupWorld:
     ExperienceVersionFactory(kin=kin, version=1, markdown="# Master AI Experience\n- first", run=run)
     ExperienceVersionFactory(kin=kin, version=2, markdown="# Master AI Experience\n- second", run=run)
     PromptTemplateFactory(team=team, kin=kin, kind=PromptTemplate.Kind.CONSOLIDATION, name="t", body="b")
-    LLMCallFactory(team=team, kin=kin, purpose="chat", provider="p", model="m", status=LLMCall.Status.ERROR,
-                   error="e")
+    world.model_call = LLMCallFactory(team=team, kin=kin, purpose="chat", provider="p", model="m",
+                                      status=LLMCall.Status.ERROR, error="e")
 
     node = NodeFactory(
         workflow=workflow, client_id="records", type="inline_records", label="records",

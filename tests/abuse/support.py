@@ -18,7 +18,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import SchemaGenerator
 
 from consolidation.models import Fact
-from kinsite.models import ApiToken
+from kinsite.models import ApiToken, LLMCall
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Turn
 from tests.factories import (
@@ -27,6 +27,7 @@ from tests.factories import (
     ExperienceVersionFactory,
     FactFactory,
     KinFactory,
+    LLMCallFactory,
     MemoryChangeFactory,
     MemoryFactory,
     MessageFactory,
@@ -129,7 +130,7 @@ def body_operations() -> list[Operation]:
 # What a path parameter names: "<kind>_id", or "id" after the collection it is in.
 COLLECTION_KINDS = {"kins": "kin", "sessions": "session", "memories": "memory", "turns": "turn",
                     "workflows": "workflow", "nodes": "node", "tokens": "token"}
-ID_KINDS = {"kin", "session", "memory", "turn", "workflow", "node", "token"}
+ID_KINDS = {"kin", "session", "memory", "turn", "workflow", "node", "token", "model_call"}
 
 
 def param_kind(path: str, name: str) -> str:
@@ -296,16 +297,18 @@ class Seeded:
     token: object
     raw_token: str
     secret: str  # a word only this team's rows contain
+    model_call: object
 
     @property
     def ids(self) -> dict[str, object]:
         return {"kin": self.kin.pk, "session": self.session.pk, "memory": self.memory.pk, "turn": self.turn.pk,
-                "workflow": self.workflow.pk, "node": self.node.client_id, "token": self.token.pk}
+                "workflow": self.workflow.pk, "node": self.node.client_id, "token": self.token.pk,
+                "model_call": self.model_call.pk}
 
 
 def seed_team(team, *, secret: str, user=None) -> Seeded:
     """A kin with a session (a message and its turn), a memory with its change row, a fact,
-    a consolidation run with an experience document, a two-node workflow and a token."""
+    a consolidation run with an experience document, a two-node workflow, a model call and a token."""
     from kinsite.services import api_token_issue
 
     kin = KinFactory(team=team, name=f"Kin {secret}", character=f"Knows {secret}.")
@@ -326,9 +329,10 @@ def seed_team(team, *, secret: str, user=None) -> Seeded:
                        label=f"Records {secret}", config={"records": [{"note": secret}]})
     table = NodeFactory(workflow=workflow, client_id=f"table-{secret}", type="table_output", label="Table", config={})
     EdgeFactory(workflow=workflow, source=node, target=table)
+    model_call = LLMCallFactory(team=team, kin=kin, status=LLMCall.Status.ERROR, error=f"The {secret} call failed.")
     token, raw = api_token_issue(team=team, name=f"token {secret}", user=user)
     return Seeded(kin=kin, session=session, memory=memory, turn=turn, workflow=workflow, node=node, token=token,
-                  raw_token=raw, secret=secret)
+                  raw_token=raw, secret=secret, model_call=model_call)
 
 
 # --- "nothing changed" --------------------------------------------------------------------------

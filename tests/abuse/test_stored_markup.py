@@ -68,6 +68,8 @@ SHOWN_ON = {
     ("NodeResult.records", "value"): "dashboard:workflow_node",
     ("NodeResult.records", "key"): "dashboard:workflow_node",
     ("workflows.WorkflowRun", "error"): "dashboard:workflow_detail",
+    ("kinsite.LLMCall", "error"): "dashboard:model_call_detail",
+    ("kinsite.LLMCall", "model"): "dashboard:activity",
 }
 # Downloads, not pages: JSON with Content-Disposition: attachment (never rendered as HTML).
 DOWNLOADS = {"dashboard:workflow_node_export"}
