@@ -46,6 +46,7 @@ from sessions_app.introspection import IntrospectionDisabled, introspection_afte
 from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, lease_seconds, session_lock
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.prompt import prompt_assemble
+from sessions_app.services import session_check_open
 from sessions_app.turns.tools import kin_toolset
 
 logger = logging.getLogger(__name__)
@@ -102,7 +103,9 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
     done, or raises TurnFailed (502) after recording the error on the turn, or ServiceUnavailable
     (503) when Redis, holding the session lock, is down (before the turn: nothing stored).
     Async: stores the message and a pending turn and enqueues run_turn_task after commit;
-    poll the turn. With the broker down it raises TurnNotQueued (503), the turn kept."""
+    poll the turn. With the broker down it raises TurnNotQueued (503), the turn kept.
+    An archived session raises SessionArchived (409) before anything is stored."""
+    session_check_open(session=session)
     if is_async:
         with transaction.atomic():
             turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=True)
