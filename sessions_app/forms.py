@@ -4,6 +4,7 @@ exactly what the API refuses, with the same messages; their errors land on the f
 they concern. A valid form's `validated` holds what the service takes."""
 from django import forms
 from django.conf import settings
+from django.utils.html import escape
 
 from kinsite.models import Kin, Team
 from sessions_app.api.serializers import KIN_TEXT_MAX_CHARS, KinSerializer, SessionSerializer
@@ -51,9 +52,11 @@ def _setting_label(key: str) -> str:
 
 
 def _override_field(section: str, key: str, rule) -> forms.Field:
-    """A form field for one per-kin setting, its bounds in its hint; empty: the default."""
+    """A form field for one per-kin setting, its bounds in its hint; empty: the default.
+    (Django does not escape help texts: settings' values are escaped here.)"""
     default = settings.INTROSPECTION.get(key) if section == "introspection" else None
-    label = _setting_label(key)
+    # "Model" twice on one form would be ambiguous: the kin's own field comes first.
+    label = f"{section.capitalize()} {key.replace('_', ' ')}" if key in KIN_FORM_FIELDS else _setting_label(key)
     if isinstance(rule, Boolean):
         shown = "default" if default is None else (ON if default else OFF)
         return forms.ChoiceField(label=label, required=False,
@@ -65,9 +68,10 @@ def _override_field(section: str, key: str, rule) -> forms.Field:
             widget=forms.NumberInput(attrs={"min": rule.low, "max": rule.high}),
         )
     if isinstance(rule, OptionalText):
-        shown = f" ({default})" if default else ""
+        # The only optional text is a model name, whose empty default means the kin's own model.
+        shown = escape(default or ("the kin's own model" if key == "model" else "none"))
         return forms.CharField(label=label, required=False,
-                               help_text=f"At most {rule.max_chars:,} characters; empty: the default{shown}.",
+                               help_text=f"At most {rule.max_chars:,} characters; empty: the default ({shown}).",
                                widget=forms.TextInput(attrs={"maxlength": rule.max_chars}))
     raise TypeError(f"no form field for the override rule {rule!r}")  # a new kind of rule needs one here
 
@@ -84,8 +88,10 @@ class KinForm(forms.Form):
                                 widget=forms.Textarea(attrs={"rows": 5}),
                                 help_text="Who the kin is and how it should work; part of every prompt.")
     expertise = forms.CharField(required=False, max_length=KIN_TEXT_MAX_CHARS, widget=forms.Textarea(attrs={"rows": 3}))
-    model = forms.CharField(max_length=_max_length(Kin, "model"), required=False,
-                            help_text=f"Empty: the gateway's default model ({settings.LLM_MODEL or 'LLM_MODEL'}).")
+    model = forms.CharField(
+        max_length=_max_length(Kin, "model"), required=False,
+        help_text=f"Empty: the gateway's default model ({escape(settings.LLM_MODEL or 'LLM_MODEL')}).",
+    )
     history_token_budget = forms.IntegerField(
         required=False, label="History token budget",
         help_text=(f"Tokens of conversation history in a prompt, {HISTORY_TOKEN_BUDGET_RANGE.low:,} to "
@@ -184,12 +190,13 @@ class SessionCreateForm(forms.Form):
 
 
 class SessionRenameForm(forms.Form):
-    title = forms.CharField(max_length=_max_length(Session, "title"), required=False,
-                            help_text="Empty: the session is shown as “Session <number>”.")
+    title = forms.CharField(max_length=_max_length(Session, "title"), required=False)
 
     def __init__(self, *args, session: Session, **kwargs):
         kwargs.setdefault("initial", {"title": session.title})
         super().__init__(*args, **kwargs)
+        # Help texts are not escaped: only the (integer) id goes in.
+        self.fields["title"].help_text = f"Empty: the session is shown as “Session {int(session.pk)}”."
         self.session = session
         self.validated: dict = {}
 
