@@ -2,7 +2,7 @@
 from django.db.models import F
 from django.shortcuts import get_object_or_404
 
-from kinsite.models import ApiToken, Kin, Membership, Team
+from kinsite.models import ApiToken, Kin, Team
 from kinsite.services import token_digest
 
 
@@ -24,10 +24,6 @@ def team_for_user(*, user) -> Team | None:
         .order_by("memberships__created_at")
         .first()
     )
-
-
-def membership_role(*, team: Team, user) -> str | None:
-    return Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
 
 
 def api_token_list(*, team: Team):
