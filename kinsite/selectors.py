@@ -1,7 +1,8 @@
 """Reads for teams, tokens and kins, scoped to a team."""
+from django.db.models import F
 from django.shortcuts import get_object_or_404
 
-from kinsite.models import ApiToken, Kin, LLMCall, Membership, Team
+from kinsite.models import ApiToken, Kin, LLMCall, Team
 from kinsite.services import token_digest
 
 
@@ -13,14 +14,16 @@ def api_token_lookup(*, raw: str) -> ApiToken | None:
 
 
 def team_for_user(*, user) -> Team | None:
-    """The dashboard's current team: the user's first membership."""
+    """The dashboard's current team: the user's first membership, with the user's role in
+    it as `member_role` (read in the same query: every dashboard page needs both)."""
     if not user.is_authenticated:
         return None
-    return Team.objects.filter(memberships__user=user).order_by("memberships__created_at").first()
-
-
-def membership_role(*, team: Team, user) -> str | None:
-    return Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+    return (
+        Team.objects.filter(memberships__user=user)
+        .annotate(member_role=F("memberships__role"))
+        .order_by("memberships__created_at")
+        .first()
+    )
 
 
 def api_token_list(*, team: Team):

@@ -1,18 +1,22 @@
-"""Dashboard pages: the team's kins, a kin, a model call, API tokens (a session's chat page
-and the activity pages are in sessions_app.views). Every read goes through a selector scoped to the signed-in
-user's team; other teams' objects answer 404."""
+"""Dashboard pages: the team's kins, a kin (with "New kin" and "Edit" for team owners and
+admins), a model call, API tokens (a session's pages and the activity pages are in
+sessions_app.views). Every read goes through a selector scoped to the signed-in user's team;
+other teams' objects answer 404. Kins are written through sessions_app.services, with the
+API's rules (sessions_app.forms)."""
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
 from kinsite.models import Membership
-from kinsite.selectors import api_token_list, kin_get, llm_call_get, membership_role, team_for_user
+from kinsite.selectors import api_token_list, kin_get, llm_call_get, team_for_user
 from kinsite.services import api_token_issue, api_token_revoke
-from sessions_app import selectors as sessions
+from sessions_app import selectors as sessions, services as session_services
+from sessions_app.forms import KinForm
 
 SEARCH_MAX_CHARS = 100
 
@@ -62,6 +66,21 @@ def render_partial_or_page(request, *, partial: str, page: str, context: dict, s
     return response
 
 
+# Members chat (post, start sessions); owners and admins also manage: kins, session titles
+# and archiving, API tokens.
+MANAGER_ROLES = {Membership.Role.OWNER, Membership.Role.ADMIN}
+
+
+def can_manage(request) -> bool:
+    """Whether the signed-in user is an owner or admin of `request.team` (team_required
+    read the role with the team)."""
+    return getattr(request.team, "member_role", None) in MANAGER_ROLES
+
+
+def managers_only(what: str):
+    return HttpResponseForbidden(f"Only team owners and admins can {what}.")
+
+
 @login_required
 def home(request):
     return redirect("dashboard:kins")
@@ -71,16 +90,52 @@ def home(request):
 def kin_list(request):
     name_query = request.GET.get("q", "").strip()[:SEARCH_MAX_CHARS]
     kins = sessions.kin_list_with_stats(team=request.team, name_query=name_query)
-    context = {"kins": kins, "q": name_query}
+    context = {"kins": kins, "q": name_query, "can_manage": can_manage(request)}
     return render_partial_or_page(request, partial="dashboard/_kin_rows.html", page="dashboard/kins.html",
                                   context=context)
 
 
 @team_required
 def kin_detail(request, kin_id: int):
+    """A kin and its sessions, most recent first; archived ones only with ?archived=1."""
     kin = kin_get(team=request.team, kin_id=kin_id)
-    chat_sessions = sessions.session_list_with_counts(team=request.team, kin=kin)
-    return render(request, "dashboard/kin_detail.html", {"kin": kin, "chat_sessions": chat_sessions})
+    show_archived = request.GET.get("archived") == "1"
+    context = {
+        "kin": kin,
+        "chat_sessions": sessions.session_list_with_counts(team=request.team, kin=kin,
+                                                           include_archived=show_archived),
+        "show_archived": show_archived,
+        "archived_count": sessions.session_archived_count(team=request.team, kin=kin),
+        "can_manage": can_manage(request),
+    }
+    return render(request, "dashboard/kin_detail.html", context)
+
+
+@team_required
+def kin_create(request):
+    """The "New kin" form; a valid post creates the kin and goes to its page, an invalid one
+    shows the form again (400) with its errors, nothing stored."""
+    if not can_manage(request):
+        return managers_only("create kins")
+    form = KinForm(request.POST or None, team=request.team)
+    if request.method == "POST" and form.is_valid():
+        kin = session_services.kin_create(team=request.team, **form.validated)
+        return redirect(reverse("dashboard:kin_detail", args=[kin.pk]) + "?created=1")
+    status = 400 if request.method == "POST" else 200
+    return render(request, "dashboard/kin_form.html", {"form": form, "kin": None}, status=status)
+
+
+@team_required
+def kin_edit(request, kin_id: int):
+    kin = kin_get(team=request.team, kin_id=kin_id)
+    if not can_manage(request):
+        return managers_only("edit kins")
+    form = KinForm(request.POST or None, team=request.team, instance=kin)
+    if request.method == "POST" and form.is_valid():
+        session_services.kin_update(kin=kin, **form.validated)
+        return redirect(reverse("dashboard:kin_detail", args=[kin.pk]) + "?saved=1")
+    status = 400 if request.method == "POST" else 200
+    return render(request, "dashboard/kin_form.html", {"form": form, "kin": kin}, status=status)
 
 
 @team_required
@@ -90,19 +145,14 @@ def model_call_detail(request, model_call_id: int):
     return render(request, "dashboard/model_call_detail.html", {"call": call})
 
 
-TOKEN_MANAGER_ROLES = {Membership.Role.OWNER, Membership.Role.ADMIN}
 TOKEN_NAME_MAX_CHARS = 100
-
-
-def _can_manage_tokens(request) -> bool:
-    return membership_role(team=request.team, user=request.user) in TOKEN_MANAGER_ROLES
 
 
 @team_required
 def token_list(request):
     """The team's API tokens. Owners and admins issue and revoke them; a new
     token's raw value is shown on this response only and never again."""
-    context = {"can_manage": _can_manage_tokens(request), "new_token": None, "error": ""}
+    context = {"can_manage": can_manage(request), "new_token": None, "error": ""}
     if request.method == "POST":
         if not context["can_manage"]:
             return HttpResponseForbidden("Only team owners and admins can issue tokens.")
@@ -121,7 +171,7 @@ def token_list(request):
 @require_POST
 @team_required
 def token_revoke(request, token_id: int):
-    if not _can_manage_tokens(request):
+    if not can_manage(request):
         return HttpResponseForbidden("Only team owners and admins can revoke tokens.")
     token = get_object_or_404(api_token_list(team=request.team), pk=token_id)
     api_token_revoke(token=token)

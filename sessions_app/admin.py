@@ -80,10 +80,23 @@ class MessageCountInline(TeamScopedAdminMixin, admin.TabularInline):
         return False
 
 
+class ArchivedFilter(admin.SimpleListFilter):
+    title = "archived"
+    parameter_name = "archived"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Archived"), ("no", "Not archived")]
+
+    def queryset(self, request, queryset):
+        if self.value() in ("yes", "no"):
+            return queryset.filter(archived_at__isnull=self.value() == "no")
+        return queryset
+
+
 @admin.register(Session)
 class SessionAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
-    list_display = ["id", "title", "kin", "last_activity_at", "introspection_pending", "created_at"]
-    list_filter = ["kin__team"]
+    list_display = ["id", "title", "kin", "last_activity_at", "introspection_pending", "archived_at", "created_at"]
+    list_filter = ["kin__team", ArchivedFilter]
     search_fields = ["title", "description"]
     raw_id_fields = ["kin"]
     inlines = [MessageCountInline]

@@ -23,6 +23,9 @@ class Session(models.Model):
     introspection_pending = models.BooleanField(default=False)
     # Completed turns since the last introspection (the turn_interval trigger).
     turns_since_introspection = models.PositiveIntegerField(default=0)
+    # Set: archived. Its history stays readable, but nothing is posted to it until it is
+    # unarchived (turn_post and messages_import refuse, 409 session_archived).
+    archived_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["id"]

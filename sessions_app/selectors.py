@@ -292,13 +292,21 @@ def kin_list_with_stats(*, team: Team, name_query: str = ""):
     ).order_by("name", "id")
 
 
-def session_list_with_counts(*, team: Team, kin: Kin):
-    """A kin's sessions, most recently active first, each with `message_count`."""
+def session_list_with_counts(*, team: Team, kin: Kin, include_archived: bool = False):
+    """A kin's sessions, most recently active first, each with `message_count`; archived
+    ones only with `include_archived`."""
+    qs = session_list(team=team, kin=kin)
+    if not include_archived:
+        qs = qs.filter(archived_at__isnull=True)
     return (
-        session_list(team=team, kin=kin)
+        qs
         .annotate(message_count=Count("events", filter=Q(events__kind=Event.Kind.MESSAGE)))
         .order_by("-last_activity_at", "-id")
     )
+
+
+def session_archived_count(*, team: Team, kin: Kin) -> int:
+    return session_list(team=team, kin=kin).filter(archived_at__isnull=False).count()
 
 
 def session_get_with_event_count(*, team: Team, session_id: int, kinds) -> Session:

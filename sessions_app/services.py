@@ -5,6 +5,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from kinsite.errors import Conflict
 from kinsite.models import Kin, Team
 from kinsite.tokencount import count_tokens
 from sessions_app.compaction import compaction_request, latest_summary
@@ -47,6 +48,45 @@ def kin_delete(*, kin: Kin) -> None:
 def session_create(*, kin: Kin, title: str = "", workflow=None) -> Session:
     """A new session; with `workflow` (one of the kin's team) its prompt carries CURRENT CANVAS."""
     return Session.objects.create(kin=kin, title=title, workflow=workflow)
+
+
+class SessionArchived(Conflict):
+    """A post or an import to an archived session: nothing is stored (409)."""
+
+    code = "session_archived"
+
+
+def session_check_open(*, session: Session) -> None:
+    """Raise SessionArchived when `session` is archived. Callers pass the row they just read
+    (one query fewer per turn); archiving between that read and the write lets one late
+    post in, which is harmless."""
+    if session.archived_at is not None:
+        raise SessionArchived(
+            f"Session {session.pk} is archived, so nothing can be posted to it. Unarchive it first: the "
+            "Unarchive button on its dashboard page (team owners and admins).",
+            details={"session": session.pk, "archived_at": session.archived_at.isoformat()},
+        )
+
+
+def session_rename(*, session: Session, title: str) -> Session:
+    session.title = title
+    session.save(update_fields=["title", "updated_at"])
+    return session
+
+
+def session_archive(*, session: Session) -> Session:
+    """Archive `session` (hidden from its kin's list, read-only); already archived: unchanged."""
+    if session.archived_at is None:
+        session.archived_at = timezone.now()
+        session.save(update_fields=["archived_at", "updated_at"])
+    return session
+
+
+def session_unarchive(*, session: Session) -> Session:
+    if session.archived_at is not None:
+        session.archived_at = None
+        session.save(update_fields=["archived_at", "updated_at"])
+    return session
 
 
 def session_continue(*, session: Session, title: str = "", command: Event | None = None) -> Session:
@@ -95,6 +135,7 @@ def messages_import(*, session: Session, items: list[ImportItem]) -> ImportResul
     (or repeated within the batch) is skipped, so re-importing changes nothing. Messages
     dated before the compaction boundary are folded into the summary by a compaction
     scheduled after commit (until then the prompt counts them as neither visible nor summarised)."""
+    session_check_open(session=session)
     wanted_ids = {item.external_id for item in items if item.external_id}
     seen = set(
         Event.objects.filter(session=session, external_id__in=wanted_ids).values_list("external_id", flat=True)

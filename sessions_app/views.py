@@ -3,8 +3,11 @@ swapped in, with the tool calls that led to it folded underneath), the prompt
 preview beside it, and the introspection panel below (working memory, description,
 the recent runs and a "Checkpoint now" button). Posting calls sessions_app.turns.turn_post,
 the preview sessions_app.prompt.prompt_assemble and the checkpoint
-sessions_app.introspection.introspection_request, the same services the API calls. Also the
-activity pages of a kin and of the team (sessions_app.activity), which read every app's rows."""
+sessions_app.introspection.introspection_request, the same services the API calls.
+Also: "New session" on a kin's page (any team member), and renaming, archiving and
+unarchiving a session (team owners and admins). An archived session's page shows its
+history read-only, with "Unarchive" where the chat box was. And the activity pages of a
+kin and of the team (sessions_app.activity), which read every app's rows."""
 from __future__ import annotations
 
 import json
@@ -23,8 +26,9 @@ from django.views.decorators.http import require_POST, require_safe
 from kinsite.errors import ServiceUnavailable
 from kinsite.prompt_safety import one_line_problem
 from kinsite.selectors import kin_get
-from kinsite.views import render_partial_or_page, team_required, wants_partial
-from sessions_app import activity, selectors, turns
+from kinsite.views import can_manage, managers_only, render_partial_or_page, team_required, wants_partial
+from sessions_app import activity, selectors, services, turns
+from sessions_app.forms import SessionCreateForm, SessionRenameForm
 from sessions_app.introspection import IntrospectionDisabled, introspection_request, introspection_settings
 from sessions_app.locks import SessionBusy
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
@@ -171,7 +175,7 @@ def _entries_for(session: Session, events: list[Event]) -> list[ChatEntry]:
 
 
 def _session_page(request, chat_session: Session, *, form: ChatPostForm | None = None, error: str = "",
-                  checkpoint_error: str = "", status: int = 200):
+                  checkpoint_error: str = "", rename_form: SessionRenameForm | None = None, status: int = 200):
     events = Event.objects.filter(session=chat_session, kind__in=CONVERSATION_KINDS).order_by("-created_at", "-id")
     paginator = Paginator(events, MESSAGES_PER_PAGE)
     if getattr(chat_session, "event_count", None) is not None:
@@ -189,6 +193,8 @@ def _session_page(request, chat_session: Session, *, form: ChatPostForm | None =
         "entries": entries,
         "form": form,
         "form_error": error,
+        "can_manage": can_manage(request),
+        "rename_form": rename_form or SessionRenameForm(session=chat_session),
         **_introspection_context(chat_session, runs_shown=_runs_shown_for_run(request, chat_session),
                                  checkpoint_error=checkpoint_error),
     }
@@ -401,6 +407,10 @@ def session_post(request, session_id: int):
     except turns.TurnFailed as exc:
         # The message and the failed turn are stored; the page shows the turn's error.
         turn = Turn.objects.get(pk=exc.details["turn"])
+    except services.SessionArchived as exc:
+        if partial:
+            return _post_partial(request, chat_session, entries=[], form=form, error=exc.message)
+        return _session_page(request, chat_session, form=form, error=exc.message, status=409)
     except SessionBusy:
         error = "The kin is still answering an earlier message of this session. Send yours again in a moment."
         if partial:
@@ -447,6 +457,58 @@ def session_prompt_preview(request, session_id: int):
     status = 400 if prompt is None and not wants_partial(request) else 200
     return render_partial_or_page(request, partial="dashboard/_prompt_preview.html",
                                   page="dashboard/prompt_preview.html", context=context, status=status)
+
+
+# --- creating and managing sessions ----------------------------------------------------------
+
+
+@team_required
+def session_create(request, kin_id: int):
+    """The "New session" form of a kin: any member of the team may start one (members chat). A
+    valid post creates it and goes to its page; an invalid one shows the form again (400)."""
+    kin = kin_get(team=request.team, kin_id=kin_id)
+    form = SessionCreateForm(request.POST or None, team=request.team)
+    if request.method == "POST" and form.is_valid():
+        chat_session = services.session_create(kin=kin, **form.validated)
+        return redirect("dashboard:session_detail", chat_session.pk)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "dashboard/session_new.html", {"kin": kin, "form": form}, status=status)
+
+
+@require_POST
+@team_required
+def session_rename(request, session_id: int):
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    if not can_manage(request):
+        return managers_only("rename sessions")
+    form = SessionRenameForm(request.POST, session=chat_session)
+    if not form.is_valid():
+        chat_session = selectors.session_get_with_event_count(team=request.team, session_id=session_id,
+                                                              kinds=CONVERSATION_KINDS)
+        return _session_page(request, chat_session, rename_form=form, status=400)
+    services.session_rename(session=chat_session, **form.validated)
+    return redirect("dashboard:session_detail", chat_session.pk)
+
+
+@require_POST
+@team_required
+def session_archive(request, session_id: int):
+    """Archive: hidden from the kin's session list, its page read-only (with "Unarchive")."""
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    if not can_manage(request):
+        return managers_only("archive sessions")
+    services.session_archive(session=chat_session)
+    return redirect("dashboard:session_detail", chat_session.pk)
+
+
+@require_POST
+@team_required
+def session_unarchive(request, session_id: int):
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    if not can_manage(request):
+        return managers_only("unarchive sessions")
+    services.session_unarchive(session=chat_session)
+    return redirect("dashboard:session_detail", chat_session.pk)
 
 
 # --- the activity pages ------------------------------------------------------------------------

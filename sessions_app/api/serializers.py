@@ -14,7 +14,15 @@ KIN_TEXT_MAX_CHARS = 10_000
 SENDER_MAX_CHARS = Event._meta.get_field("sender").max_length
 
 
+def _one_line(value: str) -> None:
+    problem = one_line_problem(value)
+    if problem:
+        raise serializers.ValidationError(problem)
+
+
 class KinSerializer(serializers.ModelSerializer):
+    """Also the dashboard's kin form's rules (sessions_app.forms runs it)."""
+
     parent = serializers.PrimaryKeyRelatedField(queryset=Kin.objects.none(), required=False, allow_null=True)
     history_token_budget = serializers.IntegerField(
         required=False, allow_null=True,
@@ -41,6 +49,10 @@ class KinSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = ["id", "created_at", "updated_at"]
+        # One line each: a line break in a name could start a line of its own where a person
+        # reads it (the prompt collapses them anyway, but the stored text should not need it).
+        extra_kwargs = {"name": {"validators": [_one_line]}, "role": {"validators": [_one_line]},
+                        "model": {"validators": [_one_line]}}
 
     def __init__(self, *args, team=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -73,6 +85,9 @@ class KinSerializer(serializers.ModelSerializer):
 
 
 class SessionSerializer(serializers.ModelSerializer):
+    """Also the dashboard's session forms' rules (sessions_app.forms runs it). `archived_at`:
+    set while the session is archived (posting to it answers 409 session_archived)."""
+
     kin = serializers.PrimaryKeyRelatedField(read_only=True)
     message_count = serializers.SerializerMethodField()
     workflow = serializers.PrimaryKeyRelatedField(
@@ -93,6 +108,7 @@ class SessionSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
             "last_activity_at",
+            "archived_at",
         ]
         read_only_fields = [
             "id",
@@ -102,7 +118,9 @@ class SessionSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
             "last_activity_at",
+            "archived_at",
         ]
+        extra_kwargs = {"title": {"validators": [_one_line]}}
 
     def __init__(self, *args, team=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -123,12 +141,6 @@ class MessageSerializer(serializers.ModelSerializer):
 
 def _content_field():
     return serializers.CharField(max_length=settings.MESSAGE_MAX_CHARS, allow_blank=False, trim_whitespace=False)
-
-
-def _one_line(value: str) -> None:
-    problem = one_line_problem(value)
-    if problem:
-        raise serializers.ValidationError(problem)
 
 
 def _sender_field():

@@ -46,6 +46,7 @@ from sessions_app.introspection import IntrospectionDisabled, introspection_afte
 from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, lease_seconds, session_lock
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.prompt import prompt_assemble
+from sessions_app.services import session_check_open
 from sessions_app.turns.events import DELTA, END, TOOL_CALL, TOOL_RESULT, turn_event_publish
 from sessions_app.turns.tools import kin_toolset
 
@@ -105,7 +106,9 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
     `opened` is called with the turn once its message is stored and committed, before it
     runs (a streamed post answers then, and follows the turn's events: turns/stream.py).
     Async: stores the message and a pending turn and enqueues run_turn_task after commit;
-    poll the turn. With the broker down it raises TurnNotQueued (503), the turn kept."""
+    poll the turn. With the broker down it raises TurnNotQueued (503), the turn kept.
+    An archived session raises SessionArchived (409) before anything is stored."""
+    session_check_open(session=session)
     if is_async:
         with transaction.atomic():
             turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=True)
