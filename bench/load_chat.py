@@ -695,7 +695,8 @@ def main(argv=None) -> int:
     parser.add_argument("--web-workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY") or 4),
                         help="gunicorn worker processes (default WEB_CONCURRENCY or 4)")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("GUNICORN_THREADS") or 4),
-                        help="threads per gunicorn worker (default GUNICORN_THREADS or 4)")
+                        help="threads per gunicorn worker (default GUNICORN_THREADS or 4; "
+                             "the Procfile's uvicorn workers ignore it)")
     parser.add_argument("--celery-workers", type=int, default=2, help="Celery worker processes (async mode)")
     parser.add_argument("--worker-concurrency", type=int, default=int(os.environ.get("WORKER_CONCURRENCY") or 2),
                         help="pool processes per Celery worker (default WORKER_CONCURRENCY or 2)")
