@@ -6,7 +6,6 @@ from django.shortcuts import get_object_or_404
 from kinsite.models import Kin, Team
 from memories.models import Memory, MemoryChange
 
-
 # A word filter is one LIKE per word; a pasted paragraph is cut to its first words.
 TEXT_FILTER_MAX_WORDS = 20
 
