@@ -67,6 +67,6 @@ def test_memory_search_keeps_the_status_filter(logged_in_page, browser_team):
 def test_the_empty_kin_list_leads_to_the_new_kin_form(logged_in_page):
     page = logged_in_page
     page.goto("/kins/")
-    page.locator("#kin-rows .empty").get_by_role("link", name="New kin").click()
+    page.locator("#kin-rows .empty").get_by_role("link", name="Create the first kin").click()
     page.wait_for_url("**/kins/new/")
     expect(page.locator("h1")).to_have_text("New kin")
