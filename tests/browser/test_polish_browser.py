@@ -37,7 +37,7 @@ def test_revoke_asks_first_cancel_keeps_the_token_and_revoke_says_so(logged_in_p
     page.locator(f"#token-{token.pk}").get_by_role("link", name="Revoke…").click()
     page.get_by_role("button", name="Revoke").click()
     page.wait_for_url("**/tokens/")
-    expect(page.locator("#token-message")).to_contain_text("The token “support-bot” is revoked")
+    expect(page.locator(".token-message")).to_contain_text("The token “support-bot” is revoked")
     expect(page.locator(f"#token-{token.pk}")).to_contain_text("revoked")
     assert ApiToken.objects.get(pk=token.pk).revoked_at is not None
 
