@@ -1,5 +1,6 @@
 """Top-level URLs: the API under /api/v1/, /healthz, the admin, the dashboard."""
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
@@ -7,6 +8,8 @@ from kinsite.health import healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    # Browsers and crawlers ask for /favicon.ico whatever the pages link; they follow a redirect to the SVG.
+    path("favicon.ico", RedirectView.as_view(url=static("kinsite/favicon.svg")), name="favicon"),
     path("api/v1/", include("kinsite.api.urls")),
     # The kin admin moved with the model from sessions_app to kinsite (issue 15); old links lead there.
     re_path(r"^admin/sessions_app/kin/(?P<rest>.*)$",

@@ -5,12 +5,13 @@ other teams' objects answer 404. Kins are written through sessions_app.services,
 API's rules (sessions_app.forms)."""
 from functools import wraps
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods
 
 from kinsite.models import Membership
 from kinsite.selectors import api_token_list, kin_get, llm_call_get, team_for_user
@@ -168,11 +169,19 @@ def token_list(request):
     return render(request, "dashboard/tokens.html", context, status=400 if context["error"] else 200)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @team_required
 def token_revoke(request, token_id: int):
+    """GET asks for confirmation, naming the token; POST revokes it. Revoking a revoked
+    token changes nothing and says so."""
     if not can_manage(request):
-        return HttpResponseForbidden("Only team owners and admins can revoke tokens.")
+        return managers_only("revoke tokens")
     token = get_object_or_404(api_token_list(team=request.team), pk=token_id)
-    api_token_revoke(token=token)
+    if request.method == "GET":
+        return render(request, "dashboard/token_revoke.html", {"token": token})
+    if token.revoked_at is not None:
+        messages.info(request, f"The token “{token.name}” was already revoked; nothing changed.")
+    else:
+        api_token_revoke(token=token)
+        messages.success(request, f"The token “{token.name}” is revoked: clients using it are now refused.")
     return redirect("dashboard:tokens")

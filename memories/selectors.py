@@ -1,15 +1,21 @@
 """Reads of memories: lists with filters, one memory, its history. Searching them is
 memories.search."""
+from django.db.models import Q
 from django.shortcuts import get_object_or_404
 
 from kinsite.models import Kin, Team
 from memories.models import Memory, MemoryChange
 
+# A word filter is one LIKE per word; a pasted paragraph is cut to its first words.
+TEXT_FILTER_MAX_WORDS = 20
+
 
 def memory_list(*, team: Team, kin: Kin | None = None, include_shared: bool = True, category: str = "",
-                status: str = "", subject: str = ""):
+                status: str = "", subject: str = "", text: str = ""):
     """A kin's memories (plus the team-shared ones unless include_shared is False),
-    or with kin=None only the team-shared ones; filters are exact matches."""
+    or with kin=None only the team-shared ones; filters are exact matches, but `text`:
+    every word of it in the content or the subject, case-insensitive (the dashboard's
+    search over memories that ranked search does not cover: superseded and deleted ones)."""
     qs = Memory.objects.filter(team=team)
     if kin is None:
         qs = qs.filter(kin__isnull=True)
@@ -23,6 +29,8 @@ def memory_list(*, team: Team, kin: Kin | None = None, include_shared: bool = Tr
         qs = qs.filter(status=status)
     if subject:
         qs = qs.filter(subject__iexact=subject)
+    for word in text.split()[:TEXT_FILTER_MAX_WORDS]:
+        qs = qs.filter(Q(content__icontains=word) | Q(subject__icontains=word))
     return qs
 
 

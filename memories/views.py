@@ -64,19 +64,24 @@ def memory_list(request, kin_id: int):
         "page": None,
         "add_form": MemoryAddForm(),
     }
-    if q:
-        # Search ranks active memories only, so the status filter does not apply to it.
+    if q and memory_status == Memory.Status.ACTIVE:
         context["hits"] = search.memory_search(
             team=request.team, kin=kin, query=q, limit=settings.SEARCH_MAX_LIMIT, category=category
         )
     else:
+        # Ranked search covers active memories only; with another status (or all) a query
+        # filters the list by its words instead, so the status filter always holds.
         memories = selectors.memory_list(
             team=request.team,
             kin=kin,
             category=category,
             status="" if memory_status == STATUS_ALL else memory_status,
+            text=q,
         ).order_by("-updated_at", "-id")
         context["page"] = Paginator(memories, MEMORIES_PER_PAGE).get_page(request.GET.get("page"))
+        if not context["page"].object_list:
+            # An empty page says why: no memory at all, or none that passes the filters.
+            context["kin_has_memories"] = selectors.memory_list(team=request.team, kin=kin).exists()
     return render_partial_or_page(request, partial="memories/_memory_results.html",
                                   page="memories/memory_list.html", context=context)
 

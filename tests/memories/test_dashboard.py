@@ -273,3 +273,75 @@ def test_change_fields_lists_what_a_change_altered_in_a_fixed_order():
 
     assert [(c.field, c.after) for c in added] == [("content", "A"), ("kin", 3)]
     assert [(c.field, c.before, c.after) for c in updated] == [("content", "A", "B"), ("importance", 5, 7)]
+
+
+# --- the status filter holds with a search query ---------------------------------------------
+
+
+@pytest.fixture
+def retired(team, kin, memories):
+    """The warehouse fact superseded by a newer one, and a deleted note that also mentions it."""
+    actor = services.Actor("test")
+    newer = add_memory(team, kin, "The warehouse moved to York.", category="fact")
+    services.memory_supersede(memory=memories["fact"], actor=actor, reason="moved", superseded_by=newer)
+    note = add_memory(team, kin, "Warehouse keys are with Sam.", category="knowledge")
+    services.memory_delete(memory=note, actor=actor)
+    return {"superseded": memories["fact"], "newer": newer, "deleted": note}
+
+
+def results(client, kin, **params) -> str:
+    return client.get(url("memory_list", kin.pk), params, HTTP_HX_REQUEST="true").content.decode()
+
+
+def test_search_with_a_status_filter_shows_only_memories_of_that_status(logged_in, kin, retired):
+    superseded = results(logged_in, kin, q="warehouse", status="superseded")
+    deleted = results(logged_in, kin, q="warehouse", status="deleted")
+
+    assert "The warehouse is in Leeds." in superseded
+    assert "The warehouse moved to York." not in superseded and "Warehouse keys" not in superseded
+    assert "Warehouse keys are with Sam." in deleted
+    assert "The warehouse is in Leeds." not in deleted and "moved to York" not in deleted
+
+
+def test_search_over_all_statuses_finds_every_memory_holding_the_words(logged_in, kin, retired):
+    body = results(logged_in, kin, q="WAREHOUSE", status="all")
+
+    for content in ("The warehouse is in Leeds.", "The warehouse moved to York.", "Warehouse keys are with Sam."):
+        assert content in body
+    assert "Maria likes short answers." not in body
+    # Every word must be there: "keys" narrows it to one memory.
+    narrowed = results(logged_in, kin, q="warehouse keys", status="all")
+    assert "Warehouse keys are with Sam." in narrowed and "Leeds" not in narrowed
+
+
+def test_search_of_active_memories_stays_ranked_and_skips_retired_ones(logged_in, kin, retired):
+    response = logged_in.get(url("memory_list", kin.pk), {"q": "warehouse", "status": "active"})
+
+    assert response.context["hits"] is not None
+    body = response.content.decode()
+    assert "The warehouse moved to York." in body
+    assert "The warehouse is in Leeds." not in body and "Warehouse keys" not in body
+
+
+def test_search_with_a_status_filter_keeps_the_category_filter(logged_in, kin, retired):
+    body = results(logged_in, kin, q="warehouse", status="all", category="knowledge")
+
+    assert "Warehouse keys are with Sam." in body and "Leeds" not in body and "York" not in body
+
+
+def test_search_with_a_status_filter_pages_keep_the_query(logged_in, team, kin, monkeypatch):
+    monkeypatch.setattr("memories.views.MEMORIES_PER_PAGE", 2)
+    for n in range(3):
+        memory = add_memory(team, kin, f"Harbour crane number {n} is broken.", category="fact")
+        services.memory_delete(memory=memory, actor=services.Actor("test"))
+
+    body = results(logged_in, kin, q="crane", status="deleted")
+
+    assert "Page 1 of 2" in body
+    assert "?q=crane&amp;category=&amp;status=deleted&amp;page=2" in body
+
+
+def test_empty_search_with_a_status_filter_says_what_to_try(logged_in, kin, retired):
+    body = results(logged_in, kin, q="submarine", status="superseded")
+
+    assert "No superseded memory holds every word of “submarine”." in body
