@@ -141,7 +141,7 @@ def experience_side_by_side(before: ExperienceVersion, after: ExperienceVersion)
     return rows
 
 
-def _experience_query(**params) -> str:
+def _experience_query(params: dict) -> str:
     """A query string for the experience page with the given parameters (None left out)."""
     return "?" + urlencode({name: value for name, value in params.items() if value is not None})
 
@@ -180,6 +180,7 @@ def experience(request, kin_id: int):
     if run_id:
         consolidated_run = ConsolidationRun.objects.filter(kin=kin, pk=run_id).first()
 
+    compared = {"version": requested, "from": diff_from, "to": diff_to}
     context = {
         "kin": kin,
         "shown": shown,
@@ -191,9 +192,8 @@ def experience(request, kin_id: int):
         "diff_error": diff_error,
         "side_by_side": side_by_side,
         # The layout switch keeps the compared versions (and the version shown).
-        "unified_query": _experience_query(version=requested, **{"from": diff_from, "to": diff_to}),
-        "side_by_side_query": _experience_query(version=requested, layout=SIDE_BY_SIDE,
-                                                **{"from": diff_from, "to": diff_to}),
+        "unified_query": _experience_query(compared),
+        "side_by_side_query": _experience_query({**compared, "layout": SIDE_BY_SIDE}),
         "document_html": markdown_render(shown.markdown) if shown is not None else "",
         "runs": selectors.consolidation_runs(kin).select_related("experience_version")[:RUNS_SHOWN],
         "pending_count": selectors.facts_pending(kin).count(),
