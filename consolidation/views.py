@@ -75,6 +75,9 @@ def experience_diff(before: ExperienceVersion, after: ExperienceVersion) -> list
     return diff
 
 
+Pieces = tuple[tuple[str, bool], ...]  # a line as (text, changed) pieces
+
+
 @dataclass(frozen=True)
 class DiffCell:
     """One side of a side-by-side row: its line number (None where the other side has a
@@ -83,7 +86,7 @@ class DiffCell:
 
     kind: str  # "add", "del", "same" or "empty": the cell's CSS class
     number: int | None = None
-    pieces: tuple[tuple[str, bool], ...] = ()
+    pieces: Pieces = ()
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class DiffRow:
         return self.before, self.after
 
 
-def _changed_words(before: str, after: str) -> tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, bool], ...]]:
+def _changed_words(before: str, after: str) -> tuple[Pieces, Pieces]:
     """Each line as (text, changed) pieces, word by word (whitespace kept), against the other."""
     old, new = re.split(r"(\s+)", before), re.split(r"(\s+)", after)
     old_pieces, new_pieces = [], []
@@ -112,14 +115,18 @@ def _changed_words(before: str, after: str) -> tuple[tuple[tuple[str, bool], ...
 def experience_side_by_side(before: ExperienceVersion, after: ExperienceVersion) -> list[DiffRow]:
     """The same diff as experience_diff in two columns: unchanged lines aligned, a changed
     line beside the line it replaced (changed words marked), an added or removed line
-    beside an empty cell; hunks of DIFF_CONTEXT_LINES context apart are separated by a gap
-    row. Empty when the two documents are the same. The template escapes every piece."""
+    beside an empty cell; DIFF_CONTEXT_LINES of context around changes, and a gap row
+    wherever unchanged lines are left out. Empty when the two documents are the same. The
+    template escapes every piece."""
     old, new = before.markdown.splitlines(), after.markdown.splitlines()
     rows = []
+    gap = DiffRow(before=DiffCell("empty"), after=DiffCell("empty"), gap=True)
     matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-    for hunk in matcher.get_grouped_opcodes(DIFF_CONTEXT_LINES):
-        if rows or hunk[0][1] > 0 or hunk[0][3] > 0:
-            rows.append(DiffRow(before=DiffCell("empty"), after=DiffCell("empty"), gap=True))
+    hunks = list(matcher.get_grouped_opcodes(DIFF_CONTEXT_LINES))
+    for hunk in hunks:
+        _, first_old, _, first_new, _ = hunk[0]
+        if rows or first_old > 0 or first_new > 0:
+            rows.append(gap)
         for tag, i1, i2, j1, j2 in hunk:
             for offset in range(max(i2 - i1, j2 - j1)):
                 i, j = i1 + offset, j1 + offset
@@ -138,6 +145,10 @@ def experience_side_by_side(before: ExperienceVersion, after: ExperienceVersion)
                     before=DiffCell("del", i + 1, old_pieces) if has_old else DiffCell("empty"),
                     after=DiffCell("add", j + 1, new_pieces) if has_new else DiffCell("empty"),
                 ))
+    if hunks:
+        _, _, last_old, _, last_new = hunks[-1][-1]
+        if last_old < len(old) or last_new < len(new):
+            rows.append(gap)
     return rows
 
 

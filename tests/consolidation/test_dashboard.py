@@ -260,6 +260,20 @@ def test_side_by_side_separates_distant_changes_with_a_gap(logged_in, kin):
     assert [(row.before.number, row.after.number) for row in rows if not row.gap] == [
         (n, n) for n in [1, 2, 3, 4, 5, 15, 16, 17, 18, 19, 20]
     ]
+    assert rows[5].gap and rows[5].before.kind == rows[5].after.kind == "empty"
+
+
+def test_side_by_side_ends_with_a_gap_when_unchanged_lines_follow(logged_in, kin):
+    lines = [f"- line {number}" for number in range(1, 11)]
+    version(kin, 1, "\n".join(lines))
+    version(kin, 2, "\n".join(lines).replace("- line 2\n", "- line two\n"))
+
+    response = side_by_side(logged_in, kin)
+
+    rows = response.context["diff"]
+    assert [row.before.number for row in rows] == [1, 2, 3, 4, 5, None]
+    assert rows[-1].gap
+    assert response.content.decode().count('<tr class="diff-gap">') == 1
 
 
 def test_side_by_side_escapes_every_line(logged_in, kin):
