@@ -159,6 +159,8 @@ def test_search_results_and_the_run_notice_escape_too(member, world):
                                            headers={"HX-Request": "true"}),
         "consolidation run notice": member.get(reverse("dashboard:experience", args=[world.kin.pk]),
                                                {"run": world.run.pk}),
+        "experience, side-by-side diff": member.get(reverse("dashboard:experience", args=[world.kin.pk]),
+                                                    {"layout": "side-by-side", "from": 1, "to": 2}),
         "prompt preview of a typed message": member.get(
             reverse("dashboard:session_prompt_preview", args=[world.session.pk]),
             {"message": world.payload, "sender": world.payload}),
@@ -172,6 +174,13 @@ def test_search_results_and_the_run_notice_escape_too(member, world):
     error_marker = world.markers_of("consolidation.ConsolidationRun", "error")[0]
     assert world.shown(error_marker) in responses["consolidation run notice"].content.decode()
     assert escape(world.payload) in responses["prompt preview of a typed message"].content.decode()
+    # The experience document, rendered from Markdown and in both columns of the side-by-side diff.
+    experience = responses["experience, side-by-side diff"].content.decode()
+    rendered = experience.split('id="experience-markdown">')[1].split("</div>")[0]
+    assert escape(PROBE[world.payload]) in rendered
+    side_by_side = experience.split('<table class="experience-side-by-side" id="experience-diff">')[1]
+    before, after = (side_by_side.split(f'<td class="diff-{kind}">')[1].split("</td>")[0] for kind in ("del", "add"))
+    assert escape(PROBE[world.payload]) in before and escape(PROBE[world.payload]) in after
 
 
 # --- Django admin ---------------------------------------------------------------------------------

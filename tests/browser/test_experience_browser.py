@@ -1,5 +1,7 @@
 """The experience page in a real browser: open it from the kin's page, read the current
-document, compare two chosen versions, and log a fact from the facts page."""
+document (rendered from Markdown, its source one click away), compare two chosen versions
+in the unified and the side-by-side layout, and log a fact from the facts page; a hostile
+document runs nothing."""
 import pytest
 from playwright.sync_api import expect
 
@@ -9,6 +11,7 @@ from tests.factories import ExperienceVersionFactory, KinFactory
 pytestmark = pytest.mark.browser
 
 SCREENSHOT_PATH = "/tmp/kinsite-experience.png"
+SIDE_BY_SIDE_SCREENSHOT_PATH = "/tmp/kinsite-experience-side-by-side.png"
 
 V1 = """# Master AI Experience
 ## 1. User Directives & Preferences
@@ -32,10 +35,17 @@ def test_read_the_document_and_diff_two_versions(logged_in_page, browser_team, b
     page.get_by_role("link", name="Experience").click()
 
     document = page.locator("#experience-markdown")
-    expect(document).to_contain_text("The churn report deduplicates by customer id.")
-    # Markdown/HTML in the document is shown as text, never rendered.
-    expect(document).to_contain_text("in bullet points <b>always</b>.")
+    # Markdown renders: headings and list items; HTML in the document is shown as text.
+    expect(document.locator("h1")).to_have_text("Master AI Experience")
+    expect(document.locator("h2")).to_have_count(5)
+    expect(document.locator("h2").first).to_have_text("1. User Directives & Preferences")
+    expect(document.locator("li")).to_have_text(["Maria wants answers in bullet points <b>always</b>.",
+                                                 "The churn report deduplicates by customer id."])
     expect(page.locator("#experience-markdown b")).to_have_count(0)
+    source = page.locator("#experience-source")
+    expect(source).to_be_hidden()
+    page.get_by_text("Source (Markdown)").click()
+    expect(source).to_contain_text("## 3. Project-Specific Constraints\n- The churn report deduplicates by")
     expect(page.locator("#experience-versions tbody tr")).to_have_count(3)
 
     page.select_option("#diff-from", "1")
@@ -51,6 +61,24 @@ def test_read_the_document_and_diff_two_versions(logged_in_page, browser_team, b
     assert "from=1" in page.url and "to=3" in page.url
     page.screenshot(path=SCREENSHOT_PATH, full_page=True)
 
+    # The side-by-side layout: before | after, changed lines paired, the changed words marked.
+    page.get_by_role("link", name="Side by side").click()
+    assert "from=1" in page.url and "to=3" in page.url and "layout=side-by-side" in page.url
+    table = page.locator("table#experience-diff")
+    expect(table.locator("thead th")).to_have_text(["Version 1", "Version 3"])
+    expect(table.locator("td.diff-del")).to_have_text(["- Maria wants answers in bullet points.",
+                                                       "- The churn report deduplicates by email."])
+    expect(table.locator("td.diff-add")).to_have_text(["- Maria wants answers in bullet points <b>always</b>.",
+                                                       "- The churn report deduplicates by customer id."])
+    expect(table.locator("td.diff-add mark")).to_have_text(["points <b>always</b>.", "customer id."])
+    paired = table.locator("tr", has=page.locator("td.diff-del")).first
+    expect(paired.locator("td.diff-number")).to_have_text(["3", "3"])
+    before_box, after_box = (table.locator(f"td.diff-{kind}").first.bounding_box() for kind in ("del", "add"))
+    assert before_box["x"] + before_box["width"] <= after_box["x"]  # two columns, side by side
+    page.screenshot(path=SIDE_BY_SIDE_SCREENSHOT_PATH, full_page=True)
+    page.get_by_role("link", name="Unified").click()
+    expect(page.locator("pre#experience-diff .diff-add")).to_have_count(2)
+
     page.get_by_role("link", name="facts").first.click()
     page.click("text=Add fact")
     page.fill("textarea[name=statement]", "Reports go out on Mondays.")
@@ -59,3 +87,33 @@ def test_read_the_document_and_diff_two_versions(logged_in_page, browser_team, b
     expect(page.locator("#fact-rows")).to_contain_text("Reports go out on Mondays.")
     fact = Fact.objects.get(kin=kin)
     assert fact.source_ref == f"user:{browser_user.username}" and fact.category == "decision"
+
+
+HOSTILE = """# Notes <script>window.__pwned=1</script>
+- <img src=x onerror="window.__pwned=1">
+- [click me](javascript:window.__pwned=1)
+- ![chart](https://tracker.example.com/pixel.gif)
+- <a href="https://example.com" onmouseover="window.__pwned=1">hover</a>"""
+
+
+def test_a_hostile_document_runs_nothing(logged_in_page, browser_team):
+    page = logged_in_page
+    kin = KinFactory(team=browser_team, name="Ada")
+    ExperienceVersionFactory(kin=kin, version=1, markdown=V1)
+    ExperienceVersionFactory(kin=kin, version=2, markdown=HOSTILE)
+
+    page.goto(f"/kins/{kin.pk}/experience/")
+
+    document = page.locator("#experience-markdown")
+    expect(document.locator("h1")).to_have_text("Notes <script>window.__pwned=1</script>")
+    expect(document.locator("li").first).to_have_text('<img src=x onerror="window.__pwned=1">')
+    expect(document.locator("img, script, [onmouseover]")).to_have_count(0)
+    # The javascript: link stays text; the image is a link to it, loading nothing.
+    expect(document.locator("a")).to_have_count(1)
+    expect(document.locator("a")).to_have_text("Image: chart")
+    expect(document.locator("a")).to_have_attribute("rel", "nofollow noopener noreferrer")
+    document.get_by_text("hover").hover()
+    document.get_by_text("[click me](javascript:window.__pwned=1)").click()
+    page.goto(f"/kins/{kin.pk}/experience/?layout=side-by-side")
+    expect(page.locator("table#experience-diff td.diff-add").first).to_contain_text("<script>window.__pwned=1")
+    assert page.evaluate("typeof window.__pwned") == "undefined"

@@ -6,6 +6,7 @@ import json
 import pytest
 from django.core.cache import cache
 from django.urls import reverse
+from django.utils.html import escape
 
 from consolidation import services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
@@ -37,6 +38,11 @@ def version(kin, number, markdown, run=None) -> ExperienceVersion:
     return ExperienceVersionFactory(
         kin=kin, version=number, markdown=markdown, word_count=len(markdown.split()), run=run
     )
+
+
+def document_of(body: str) -> str:
+    """The rendered document of an experience page (Markdown output has no div)."""
+    return body.split('<div class="markdown-body" id="experience-markdown">')[1].split("</div>")[0]
 
 
 def fact(kin, statement, **fields) -> Fact:
@@ -166,8 +172,168 @@ def test_an_older_version_can_be_shown(logged_in, kin):
     assert response.context["shown"].version == 1
     body = response.content.decode()
     assert "show the current version" in body
-    assert '<pre class="text markdown" id="experience-markdown">' in body
-    assert "deduplicates by email." in body.split('id="experience-markdown">')[1].split("</pre>")[0]
+    assert "<li>The churn report deduplicates by email.</li>" in document_of(body)
+
+
+def test_the_document_is_rendered_from_markdown_with_its_source_beside_it(logged_in, kin):
+    version(kin, 1, V1 + "\n\nSee [the runbook](https://wiki.example.com/churn) and use *emphasis*.")
+
+    body = logged_in.get(url("experience", kin.pk)).content.decode()
+
+    document = document_of(body)
+    assert "<h1>Master AI Experience</h1>" in document
+    assert "<h2>1. User Directives &amp; Preferences</h2>" in document
+    assert "<ul>\n<li>Maria wants answers in bullet points.</li>\n</ul>" in document
+    assert ('<a href="https://wiki.example.com/churn" rel="nofollow noopener noreferrer">the runbook</a>'
+            in document)
+    assert "<em>emphasis</em>" in document
+    source = body.split('id="experience-source">')[1].split("</pre>")[0]
+    assert source.startswith("# Master AI Experience\n## 1. User Directives &amp; Preferences\n- Maria")
+
+
+def test_a_hostile_document_renders_inert(logged_in, kin):
+    hostile = (
+        f"# Heading {XSS}\n- <img src=x onerror=alert(1)>\n- [click](javascript:alert(1))\n"
+        '- ![pixel](https://tracker.example.com/p.gif)\n- <a href="https://e.com" onclick="alert(1)">a</a>\n'
+        "- {{ request.user.password }}{% debug %}"
+    )
+    version(kin, 1, hostile)
+
+    body = logged_in.get(url("experience", kin.pk)).content.decode()
+
+    document = document_of(body)
+    assert XSS not in body and "<img" not in body and 'href="javascript' not in body.lower()
+    assert f"<h1>Heading {ESCAPED_XSS}</h1>" in document
+    assert "<li>&lt;img src=x onerror=alert(1)&gt;</li>" in document
+    assert "<li>[click](javascript:alert(1))</li>" in document
+    assert ">Image: pixel</a>" in document and 'src="' not in document
+    assert "&lt;a href=&quot;https://e.com&quot; onclick=&quot;alert(1)&quot;&gt;a&lt;/a&gt;" in document
+    assert "<li>{{ request.user.password }}{% debug %}</li>" in document
+    assert escape(hostile) in body  # the source, escaped
+
+
+def side_by_side(logged_in, kin, **params):
+    return logged_in.get(url("experience", kin.pk), {"layout": "side-by-side", **params})
+
+
+def test_side_by_side_pairs_changed_lines_and_aligns_unchanged_ones(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V2)
+    version(kin, 3, V2 + "\n- Check the date column first.")
+
+    response = side_by_side(logged_in, kin, **{"from": 1, "to": 3})
+
+    assert response.status_code == 200
+    rows = [(row.before.kind, row.before.number, row.after.kind, row.after.number) for row in response.context["diff"]]
+    # V1 has 8 lines; line 6 changed, a line 9 was added after the last one; 3 lines of context.
+    assert rows == [
+        ("empty", None, "empty", None),  # lines 1-2, unchanged, left out
+        ("same", 3, "same", 3), ("same", 4, "same", 4), ("same", 5, "same", 5),
+        ("del", 6, "add", 6),
+        ("same", 7, "same", 7), ("same", 8, "same", 8),
+        ("empty", None, "add", 9),
+    ]
+    assert response.context["diff"][0].gap
+    changed = response.context["diff"][4]
+    assert changed.before.pieces == (("- The churn report deduplicates by ", False), ("email.", True))
+    assert changed.after.pieces == (("- The churn report deduplicates by ", False), ("customer id.", True))
+    body = response.content.decode()
+    assert '<table class="experience-side-by-side" id="experience-diff">' in body
+    assert ">Version 1</th>" in body and ">Version 3</th>" in body
+    assert ('<td class="diff-number">6</td>\n        <td class="diff-del">- The churn report deduplicates by '
+            "<mark>email.</mark></td>") in body
+    assert ('<td class="diff-number">9</td>\n        <td class="diff-add">- Check the date column first.</td>'
+            in body)
+    assert '<pre class="experience-diff"' not in body
+
+
+def test_side_by_side_separates_distant_changes_with_a_gap(logged_in, kin):
+    lines = [f"- line {number}" for number in range(1, 21)]
+    version(kin, 1, "\n".join(lines))
+    changed = list(lines)
+    changed[1], changed[17] = "- line two", "- line eighteen"
+    version(kin, 2, "\n".join(changed))
+
+    rows = side_by_side(logged_in, kin).context["diff"]
+
+    assert [row.gap for row in rows].count(True) == 1
+    assert [(row.before.number, row.after.number) for row in rows if not row.gap] == [
+        (n, n) for n in [1, 2, 3, 4, 5, 15, 16, 17, 18, 19, 20]
+    ]
+    assert rows[5].gap and rows[5].before.kind == rows[5].after.kind == "empty"
+
+
+def test_side_by_side_ends_with_a_gap_when_unchanged_lines_follow(logged_in, kin):
+    lines = [f"- line {number}" for number in range(1, 11)]
+    version(kin, 1, "\n".join(lines))
+    version(kin, 2, "\n".join(lines).replace("- line 2\n", "- line two\n"))
+
+    response = side_by_side(logged_in, kin)
+
+    rows = response.context["diff"]
+    assert [row.before.number for row in rows] == [1, 2, 3, 4, 5, None]
+    assert rows[-1].gap
+    assert response.content.decode().count('<tr class="diff-gap">') == 1
+
+
+def test_side_by_side_escapes_every_line(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V1.replace("bullet points.", f"bullet points {XSS}"))
+
+    body = side_by_side(logged_in, kin).content.decode()
+
+    assert XSS not in body
+    assert f'<td class="diff-add">- Maria wants answers in bullet <mark>points {ESCAPED_XSS}</mark></td>' in body
+
+
+def test_side_by_side_with_an_unknown_version_asks_for_existing_ones(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V2)
+
+    for params in ({"from": 1, "to": 9}, {"from": 2}, {"to": 2}):
+        response = side_by_side(logged_in, kin, **params)
+
+        assert response.status_code == 200
+        assert "Choose two existing versions to compare." in response.content.decode()
+        assert response.context["diff"] is None
+
+
+def test_side_by_side_of_identical_versions_says_they_are_the_same(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V1)
+
+    body = side_by_side(logged_in, kin).content.decode()
+
+    assert "The two versions are the same." in body
+
+
+def test_unified_stays_the_default_and_an_unknown_layout_is_unified(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V2)
+
+    for params in ({}, {"layout": "unified"}, {"layout": "<b>"}):
+        response = logged_in.get(url("experience", kin.pk), params)
+
+        assert response.context["side_by_side"] is False
+        assert response.context["diff"][0].text == "--- version 1"
+        assert '<a href="?from=1&amp;to=2" id="diff-layout-unified" aria-current="true">' in response.content.decode()
+
+
+def test_the_layout_switch_keeps_the_compared_versions_and_the_shown_one(logged_in, kin):
+    version(kin, 1, V1)
+    version(kin, 2, V2)
+    version(kin, 3, V2 + "\n- Check the date column first.")
+
+    unified = logged_in.get(url("experience", kin.pk), {"version": 2, "from": 1, "to": 3}).content.decode()
+    assert ('<a href="?version=2&amp;from=1&amp;to=3&amp;layout=side-by-side" id="diff-layout-side-by-side">'
+            in unified)
+    assert '<input type="hidden" name="layout"' not in unified
+
+    paired = side_by_side(logged_in, kin, version=2, **{"from": 1, "to": 3}).content.decode()
+    assert '<a href="?version=2&amp;from=1&amp;to=3" id="diff-layout-unified">' in paired
+    assert 'id="diff-layout-side-by-side" aria-current="true">' in paired
+    # Comparing two other versions from the side-by-side page keeps that layout.
+    assert '<input type="hidden" name="layout" value="side-by-side">' in paired
 
 
 def test_an_unknown_version_answers_404(logged_in, kin):
