@@ -11,13 +11,18 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import httpx
 import pytest
+from django.db import connection
+from django.utils import timezone
 
 from kinsite.services import api_token_issue
 from memories.models import Memory
 from sessions_app.models import Event, Turn
+from sessions_app.turns import turns_recover_stalled
+from sessions_app.turns.events import DELTA, turn_event_publish
 from tests.factories import KinFactory, SessionFactory, TeamFactory
 from tests.support.fake_openai import FakeOpenAIServer
 from tests.support.sse import ServerSentEvent, sse_events
@@ -236,3 +241,79 @@ def test_an_async_post_is_followed_to_done_and_last_event_id_resumes_without_rep
     # Resuming after the last delta of a finished turn: only the last event.
     with follow(client, turn.pk, last_event_id=rest[-2].id) as response:
         assert [e.event for e in sse_events(response)] == ["done"]
+
+
+# --- one event stream per turn row, and per attempt ----------------------------------------------
+
+
+def restart_turn_ids(at: int) -> None:
+    """The next turn gets id `at`, as in a database created again (a test run, a restored
+    backup, a bench run) while Redis kept the events of the old database's turns."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT setval(pg_get_serial_sequence('sessions_app_turn', 'id'), %s, false)", [at])
+        else:
+            cursor.execute("UPDATE sqlite_sequence SET seq = %s WHERE name = 'sessions_app_turn'", [at - 1])
+
+
+def test_a_new_turn_with_an_old_turns_id_streams_only_its_own_events(api, model_server):
+    session, client = api
+    # An old turn streams two pieces and fails: its events (deltas, a failed end) stay behind.
+    model_server.stream(pieces=["Stale", " words", " here"], break_after=HOLD_AFTER, break_with="error")
+    with post_streamed(client, session, "old question") as response:
+        assert [e.event for e in sse_events(response)] == ["message", "delta", "delta", "error"]
+    old_id = Turn.objects.get(session=session).pk
+    Turn.objects.filter(pk=old_id).delete()
+    restart_turn_ids(old_id)
+
+    resume = model_server.stream(pieces=REPLY_PIECES, hold_after=HOLD_AFTER)
+    with post_streamed(client, session, "new question") as response:
+        events = sse_events(response)
+        early = take(events, 3)
+        turn = Turn.objects.get(session=session)
+        assert turn.pk == old_id and turn.status == Turn.Status.RUNNING
+        resume.set()
+        received = early + list(events)
+
+    assert [e.event for e in received] == ["message", "delta", "delta", "delta", "delta", "done"]
+    assert received[0].data["content"] == "new question"
+    assert texts(received) == REPLY
+    assert_done_is_the_stored_turn(client, received[-1], turn.pk)
+    with follow(client, turn.pk) as response:
+        again = list(sse_events(response))
+    assert [e.event for e in again] == [e.event for e in received] and texts(again) == REPLY
+
+
+def test_a_turn_run_again_streams_a_reset_then_its_new_attempt(api, model_server):
+    session, client = api
+    message = Event.objects.create(session=session, role=Event.Role.USER, content="are you there?")
+    # The process running the turn's first attempt streamed a piece of its reply, then died.
+    turn = Turn.objects.create(session=session, user_message=message, status=Turn.Status.RUNNING, attempts=1,
+                               started_at=timezone.now() - timedelta(hours=1))
+    turn_event_publish(turn, DELTA, {"text": "Partial answ"})
+    model_server.stream(pieces=REPLY_PIECES)
+
+    with follow(client, turn.pk) as response:
+        events = sse_events(response)
+        before = take(events, 2)
+        assert [e.event for e in before] == ["message", "delta"] and texts(before) == "Partial answ"
+        # The stalled sweep takes the turn over and sends its task again (run here: tasks are eager).
+        assert turns_recover_stalled().requeued == [turn.pk]
+        after = list(events)
+
+    # This follower showed the first attempt's text: it is told to drop it.
+    assert [e.event for e in after] == ["reset", "delta", "delta", "delta", "delta", "done"]
+    assert after[0].data == {"attempt": 2}
+    assert texts(after) == REPLY
+    turn_json = assert_done_is_the_stored_turn(client, after[-1], turn.pk)
+    assert turn_json["reply"]["content"] == REPLY
+
+    # A follower from the start sees the last attempt only, with nothing to drop.
+    with follow(client, turn.pk) as response:
+        fresh = list(sse_events(response))
+    assert [e.event for e in fresh] == ["message", "delta", "delta", "delta", "delta", "done"]
+    assert texts(fresh) == REPLY
+    # One resuming after the first attempt's piece gets the reset first.
+    with follow(client, turn.pk, last_event_id=before[1].id) as response:
+        resumed = list(sse_events(response))
+    assert [e.event for e in resumed][:2] == ["reset", "delta"] and texts(resumed) == REPLY
