@@ -96,6 +96,9 @@ async def turn_events_aread(turn: Turn, *, after: str | None, timeout: float) ->
         await asyncio.sleep(MEMORY_POLL_SECONDS)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def turn_stream(turn: Turn) -> str:
     """The name of the turn's event stream: its id and its creation time in microseconds,
     so that a later turn given the same id (a database created again) has its own."""
@@ -103,7 +106,6 @@ def turn_stream(turn: Turn) -> str:
     return f"{turn.pk}:{created}"
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MEMORY_POLL_SECONDS = 0.05
 
 

@@ -8,6 +8,7 @@ a `reset` event before a re-run's events)."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ from datetime import timedelta
 
 import httpx
 import pytest
-from django.db import connection
+import uvicorn
+from django.core.asgi import get_asgi_application
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.utils import timezone
 
 from kinsite.services import api_token_issue
@@ -53,14 +56,62 @@ def model_server(settings) -> Iterator[FakeOpenAIServer]:
         yield server
 
 
+class AsgiServer:
+    """The project's ASGI application under uvicorn, in a thread of this process (as
+    live_server runs the WSGI one): the production web process serves streams this way
+    (Procfile: gunicorn with uvicorn workers), as async generators on an event loop."""
+
+    def __init__(self) -> None:
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        config = uvicorn.Config(get_asgi_application(), lifespan="off", log_level="warning",
+                                timeout_graceful_shutdown=1)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                       name="asgi-test-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+
+    def start(self) -> None:
+        self.thread.start()
+        wait_until(lambda: self.server.started, "the ASGI server to start")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(WAIT_SECONDS)
+        self.socket.close()
+
+
+@pytest.fixture(scope="module")
+def asgi_server() -> Iterator[AsgiServer]:
+    # As kinsite/asgi.py sets for production: no persistent connections, since each request
+    # runs in a thread of its own (one kept open would outlive its thread, and block the
+    # test database's removal).
+    database = connections.settings[DEFAULT_DB_ALIAS]
+    previous = database["CONN_MAX_AGE"]
+    database["CONN_MAX_AGE"] = 0
+    server = AsgiServer()
+    server.start()
+    yield server
+    server.stop()
+    database["CONN_MAX_AGE"] = previous
+
+
+@pytest.fixture(params=["wsgi", "asgi"])
+def server_url(request, transactional_db) -> str:
+    """Each test runs against both servers: live_server (WSGI, a thread per stream) and
+    uvicorn (ASGI, the production one)."""
+    return request.getfixturevalue("live_server" if request.param == "wsgi" else "asgi_server").url
+
+
 @pytest.fixture
-def api(transactional_db, live_server) -> Iterator[tuple[object, httpx.Client]]:
-    """A session and an httpx client of its team on the live server."""
+def api(transactional_db, server_url) -> Iterator[tuple[object, httpx.Client]]:
+    """A session and an httpx client of its team on the server."""
     team = TeamFactory()
     session = SessionFactory(kin=KinFactory(team=team))
     _, raw = api_token_issue(team=team, name="stream-http")
-    client = httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {raw}"},
-                          timeout=WAIT_SECONDS)
+    client = httpx.Client(base_url=server_url, headers={"Authorization": f"Bearer {raw}"}, timeout=WAIT_SECONDS)
     yield session, client
     client.close()
 
