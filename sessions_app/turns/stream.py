@@ -12,7 +12,8 @@ A turn run again (its process stopped and the stalled sweep took it over) stream
 attempt from the start. A follower that already sent some of the stopped attempt's events
 sends `reset` ({"attempt": n}) first: the client drops the text and tool events it got and
 shows what follows. A follower that sent none of them skips them, with no `reset`; one
-resuming with Last-Event-ID after any event but `message` counts as having sent them.
+resuming with Last-Event-ID after any event but `message` counts as having sent them. (Tool
+calls the stopped attempt ran stay stored in the session's history and are not run again.)
 
 A client that disconnects only stops its response: the turn's thread runs on and stores the
 reply. If the web process dies, kinsite.jobs' stalled sweep takes the turn over, as for a

@@ -1,6 +1,7 @@
 """Issue 16, acceptance 1: streamed chat turns end to end over HTTP on both sides. The real
 OpenAI-compatible client (settings.LLM_BASE_URL) streams from the fake model server's
-chunks, and the API is read from the live server with httpx, event by event as they arrive.
+chunks, and the API is read with httpx, event by event as they arrive, from both servers:
+live_server (WSGI) and the ASGI application under uvicorn (what the Procfile runs).
 
 Also what a follower sees when turn ids repeat (a recreated database over a Redis that kept
 the old turns' events) and when a turn runs again (turns/events.py: one stream per turn row,
