@@ -47,7 +47,7 @@ from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, lease_
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.prompt import prompt_assemble
 from sessions_app.services import session_check_open
-from sessions_app.turns.events import DELTA, END, TOOL_CALL, TOOL_RESULT, turn_event_publish
+from sessions_app.turns.events import DELTA, END, RESET, TOOL_CALL, TOOL_RESULT, turn_event_publish
 from sessions_app.turns.tools import kin_toolset
 
 logger = logging.getLogger(__name__)
@@ -290,12 +290,15 @@ def _turn_claim(turn: Turn) -> bool:
         turn.status, turn.error, turn.finished_at = Turn.Status.FAILED, error, now
         unfinished.update(status=turn.status, error=turn.error, finished_at=now)
         logger.warning("Turn %s failed: its process stopped %d times", turn.pk, turn.attempts)
-        turn_event_publish(turn.pk, END, {"status": turn.status, "code": "turn_abandoned"})
+        turn_event_publish(turn, END, {"status": turn.status, "code": "turn_abandoned"})
         return False
     # Conditional, as a claim: if our lease ran out, whoever holds the lock now may have run it.
     if not job_claim(TURN_JOBS, turn.pk, rerun=True, now=now):
         return False
     turn.status, turn.started_at, turn.attempts = Turn.Status.RUNNING, now, turn.attempts + 1
+    if turn.attempts > 1:
+        # Run again: its followers drop what the stopped attempt streamed (turns/events.py).
+        turn_event_publish(turn, RESET, {"attempt": turn.attempts})
     return True
 
 
@@ -373,7 +376,7 @@ def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> None:
         _turn_fail(turn=turn, error=f"Internal error: {type(exc).__name__}: {exc}")
         raise
     finally:
-        turn_event_publish(turn.pk, END, {"status": turn.status, "code": error_code})
+        turn_event_publish(turn, END, {"status": turn.status, "code": error_code})
 
 
 def _turn_fail(*, turn: Turn, error: str) -> None:
@@ -454,14 +457,14 @@ def _turn_converse(*, turn: Turn, session: Session, message: Event, lock: Sessio
         offer_tools = not capped
         result = llm_chat(purpose="turn", messages=messages, team=kin.team, kin=kin,
                           tools=schemas if offer_tools else None,
-                          on_delta=lambda text: turn_event_publish(turn.pk, DELTA, {"text": text}))
+                          on_delta=lambda text: turn_event_publish(turn, DELTA, {"text": text}))
         turn.tokens_in += result.tokens_in
         turn.tokens_out += result.tokens_out
         if not offer_tools or not result.tool_calls:
             break
         outputs = []
         for call in result.tool_calls:
-            turn_event_publish(turn.pk, TOOL_CALL, {"id": call.id, "name": call.name, "arguments": call.arguments})
+            turn_event_publish(turn, TOOL_CALL, {"id": call.id, "name": call.name, "arguments": call.arguments})
             if turn.tool_calls >= max_calls:
                 # Every call in the assistant message needs a result, or the next request is invalid.
                 output = (f"Error: not run: the limit of {max_calls} tool calls for this turn is reached. "
@@ -470,7 +473,7 @@ def _turn_converse(*, turn: Turn, session: Session, message: Event, lock: Sessio
                 turn.tool_calls += 1
                 output = _tool_run(tools, call, tool_context)
             outputs.append(output)
-            turn_event_publish(turn.pk, TOOL_RESULT, {"id": call.id, "name": call.name, "content": output})
+            turn_event_publish(turn, TOOL_RESULT, {"id": call.id, "name": call.name, "content": output})
         capped = turn.tool_calls >= max_calls
         _tool_round_store(session=session, turn=turn, content=result.content, calls=result.tool_calls,
                           outputs=outputs, platform=message.platform)

@@ -6,6 +6,16 @@ a Celery worker runs; without it (the embedded mode: one process) to a store in 
 Each event has an id that orders the turn's events (the SSE `id:`), so a reader asks for
 the events after the last one it saw. Events are progress, not the record: publishing never
 fails a turn (a Redis error is logged), and readers take a turn's outcome from the stored turn.
+
+A stream belongs to one turn row: it is named by the turn's id and its creation time. Turn
+ids repeat when a database is created again (a test run, a restored backup, a bench run)
+while Redis keeps the old turns' streams for RETAIN_SECONDS; a new turn with an old id
+gets a stream of its own, never the old turn's events.
+
+A turn that runs again (the stalled sweep took it over after its process stopped) keeps its
+stream, so event ids only grow and Last-Event-ID still resumes; each new attempt starts with
+a RESET event ({"attempt": n}): what came before it was the aborted attempt's. A follower
+that already showed some of that drops it on `reset` and shows what follows.
 """
 from __future__ import annotations
 
@@ -17,6 +27,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -24,12 +35,15 @@ import redis
 import redis.asyncio
 from django.conf import settings
 
+from sessions_app.models import Turn
+
 logger = logging.getLogger(__name__)
 
 # What a turn publishes: a piece of reply text, a tool call about to run, its result, and
-# the last event, once the turn is done or failed and stored ({"status", "code"}).
-DELTA, TOOL_CALL, TOOL_RESULT, END = "delta", "tool_call", "tool_result", "end"
-STREAM_KEY = "kinsite:turn-events:{turn_id}"
+# the last event, once the turn is done or failed and stored ({"status", "code"}); and the
+# start of an attempt after the first ({"attempt"}), when the turn runs again.
+DELTA, TOOL_CALL, TOOL_RESULT, END, RESET = "delta", "tool_call", "tool_result", "end", "reset"
+STREAM_KEY = "kinsite:turn-events:{stream}"
 # A turn's events are kept this long after its last one (for late followers and resumes).
 RETAIN_SECONDS = 3600
 # At most about this many events per turn (a long reply is a few thousand deltas).
@@ -47,39 +61,49 @@ class TurnEvent:
     data: dict[str, Any]
 
 
-def turn_event_publish(turn_id: int, kind: str, data: dict[str, Any]) -> None:
+def turn_event_publish(turn: Turn, kind: str, data: dict[str, Any]) -> None:
     """Record one event of a running turn. Never raises: a follower missing an event
     falls back to the stored turn, a turn failing for it would lose the reply."""
     try:
         if settings.REDIS_URL:
-            _redis_publish(turn_id, kind, data)
+            _redis_publish(turn_stream(turn), kind, data)
         else:
-            _memory.publish(turn_id, kind, data)
+            _memory.publish(turn_stream(turn), kind, data)
     except Exception:
-        logger.warning("Turn %s: the %s event was not published", turn_id, kind, exc_info=True)
+        logger.warning("Turn %s: the %s event was not published", turn.pk, kind, exc_info=True)
 
 
-def turn_events_read(turn_id: int, *, after: str | None, timeout: float) -> list[TurnEvent]:
+def turn_events_read(turn: Turn, *, after: str | None, timeout: float) -> list[TurnEvent]:
     """The turn's events after the event id `after` (None: from the first), waiting up to
     `timeout` seconds for one if there is none yet; [] when none came."""
     after = event_id_or_none(after)
     if settings.REDIS_URL:
-        return _redis_read(turn_id, after=after, timeout=timeout)
-    return _memory.read(turn_id, after=after, timeout=timeout)
+        return _redis_read(turn_stream(turn), after=after, timeout=timeout)
+    return _memory.read(turn_stream(turn), after=after, timeout=timeout)
 
 
-async def turn_events_aread(turn_id: int, *, after: str | None, timeout: float) -> list[TurnEvent]:
+async def turn_events_aread(turn: Turn, *, after: str | None, timeout: float) -> list[TurnEvent]:
     """turn_events_read for an event loop: the wait holds no thread (redis.asyncio's XREAD
     BLOCK; the memory store is polled)."""
     after = event_id_or_none(after)
     if settings.REDIS_URL:
-        return await _redis_aread(turn_id, after=after, timeout=timeout)
+        return await _redis_aread(turn_stream(turn), after=after, timeout=timeout)
     deadline = time.monotonic() + timeout
     while True:
-        events = _memory.read(turn_id, after=after, timeout=0)
+        events = _memory.read(turn_stream(turn), after=after, timeout=0)
         if events or time.monotonic() >= deadline:
             return events
         await asyncio.sleep(MEMORY_POLL_SECONDS)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def turn_stream(turn: Turn) -> str:
+    """The name of the turn's event stream: its id and its creation time in microseconds,
+    so that a later turn given the same id (a database created again) has its own."""
+    created = (turn.created_at - _EPOCH) // timedelta(microseconds=1)  # exact: no float
+    return f"{turn.pk}:{created}"
 
 
 MEMORY_POLL_SECONDS = 0.05
@@ -96,8 +120,8 @@ def event_id_or_none(value: str | None) -> str | None:
 # --- Redis streams ------------------------------------------------------------------------------
 
 
-def _key(turn_id: int) -> str:
-    return STREAM_KEY.format(turn_id=turn_id)
+def _key(stream: str) -> str:
+    return STREAM_KEY.format(stream=stream)
 
 
 @lru_cache(maxsize=4)
@@ -109,8 +133,8 @@ def _redis_client(url: str) -> redis.Redis:
     )
 
 
-def _redis_publish(turn_id: int, kind: str, data: dict[str, Any]) -> None:
-    key = _key(turn_id)
+def _redis_publish(stream: str, kind: str, data: dict[str, Any]) -> None:
+    key = _key(stream)
     pipe = _redis_client(settings.REDIS_URL).pipeline(transaction=False)
     pipe.xadd(key, {"kind": kind, "data": json.dumps(data)}, maxlen=MAX_EVENTS_PER_TURN, approximate=True)
     pipe.expire(key, RETAIN_SECONDS)
@@ -134,16 +158,16 @@ def _redis_events(reply) -> list[TurnEvent]:
     return events
 
 
-def _redis_read(turn_id: int, *, after: str | None, timeout: float) -> list[TurnEvent]:
+def _redis_read(stream: str, *, after: str | None, timeout: float) -> list[TurnEvent]:
     client = _redis_client(settings.REDIS_URL)
-    return _redis_events(client.xread({_key(turn_id): after or "0"}, block=_block_ms(timeout)))
+    return _redis_events(client.xread({_key(stream): after or "0"}, block=_block_ms(timeout)))
 
 
 # redis.asyncio clients belong to the event loop that made them: one per loop.
 _async_clients: dict[int, redis.asyncio.Redis] = {}
 
 
-async def _redis_aread(turn_id: int, *, after: str | None, timeout: float) -> list[TurnEvent]:
+async def _redis_aread(stream: str, *, after: str | None, timeout: float) -> list[TurnEvent]:
     loop = asyncio.get_running_loop()
     client = _async_clients.get(id(loop))
     if client is None:
@@ -152,35 +176,35 @@ async def _redis_aread(turn_id: int, *, after: str | None, timeout: float) -> li
             socket_connect_timeout=settings.REDIS_CONNECT_TIMEOUT_SECONDS,
             socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS,
         )
-    return _redis_events(await client.xread({_key(turn_id): after or "0"}, block=_block_ms(timeout)))
+    return _redis_events(await client.xread({_key(stream): after or "0"}, block=_block_ms(timeout)))
 
 
 # --- in memory (embedded mode) ------------------------------------------------------------------
 
 
 class _MemoryStore:
-    """The events of the latest MEMORY_MAX_TURNS turns, in one process; ids are 1, 2, 3 …
-    per turn."""
+    """The events of the latest MEMORY_MAX_TURNS turns (by turn_stream), in one process;
+    ids are 1, 2, 3 … per turn."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
-        self._turns: OrderedDict[int, list[TurnEvent]] = OrderedDict()
+        self._turns: OrderedDict[str, list[TurnEvent]] = OrderedDict()
 
-    def publish(self, turn_id: int, kind: str, data: dict[str, Any]) -> None:
+    def publish(self, stream: str, kind: str, data: dict[str, Any]) -> None:
         with self._changed:
-            events = self._turns.setdefault(turn_id, [])
-            self._turns.move_to_end(turn_id)
+            events = self._turns.setdefault(stream, [])
+            self._turns.move_to_end(stream)
             events.append(TurnEvent(id=str(len(events) + 1), kind=kind, data=data))
             while len(self._turns) > MEMORY_MAX_TURNS:
                 self._turns.popitem(last=False)
             self._changed.notify_all()
 
-    def read(self, turn_id: int, *, after: str | None, timeout: float) -> list[TurnEvent]:
+    def read(self, stream: str, *, after: str | None, timeout: float) -> list[TurnEvent]:
         seen = int(after.split("-")[0]) if after else 0
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
-                events = self._turns.get(turn_id, [])[seen:]
+                events = self._turns.get(stream, [])[seen:]
                 remaining = deadline - time.monotonic()
                 if events or remaining <= 0:
                     return list(events)

@@ -8,6 +8,13 @@ caller from the stored turn, so it is what the non-streaming answer would have b
 Every event has an `id:` a client may send back as Last-Event-ID to resume after it; a
 comment line keeps an idle stream open through proxies.
 
+A turn run again (its process stopped and the stalled sweep took it over) streams its new
+attempt from the start. A follower that already sent some of the stopped attempt's events
+sends `reset` ({"attempt": n}) first: the client drops the text and tool events it got and
+shows what follows. A follower that sent none of them skips them, with no `reset`; one
+resuming with Last-Event-ID after any event but `message` counts as having sent them. (Tool
+calls the stopped attempt ran stay stored in the session's history and are not run again.)
+
 A client that disconnects only stops its response: the turn's thread runs on and stores the
 reply. If the web process dies, kinsite.jobs' stalled sweep takes the turn over, as for a
 sync post whose process died. Under WSGI the body is a generator read by the server's
@@ -31,7 +38,17 @@ from rest_framework.utils.encoders import JSONEncoder
 
 from sessions_app.models import Event, Session, Turn
 from sessions_app.turns import UNFINISHED, turn_post
-from sessions_app.turns.events import END, TurnEvent, event_id_or_none, turn_events_aread, turn_events_read
+from sessions_app.turns.events import (
+    DELTA,
+    END,
+    RESET,
+    TOOL_CALL,
+    TOOL_RESULT,
+    TurnEvent,
+    event_id_or_none,
+    turn_events_aread,
+    turn_events_read,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +59,8 @@ POLL_SECONDS = 2.0
 # An idle stream sends a comment this often, so proxies and clients do not time it out.
 KEEPALIVE_SECONDS = 15.0
 KEEPALIVE = b": keep-alive\n\n"
+# The events that show a client part of an attempt (a RESET voids them).
+PROGRESS = (DELTA, TOOL_CALL, TOOL_RESULT)
 # The `message` event's id: before any of the turn's events (a resume from it replays them all).
 MESSAGE_EVENT_ID = "0"
 
@@ -93,7 +112,7 @@ def turn_event_stream(request, turn: Turn, *, done_body: DoneBody, message_body:
     event's from the stored turn (the caller's serializers: this package sits below the API);
     `last_event_id` (a client's Last-Event-ID) resumes after that event, without the `message`
     event again."""
-    follower = _TurnFollower(turn_id=turn.pk, done_body=done_body, message_body=message_body,
+    follower = _TurnFollower(turn=turn, done_body=done_body, message_body=message_body,
                              last_event_id=event_id_or_none(last_event_id))
     django_request = getattr(request, "_request", request)  # a DRF Request wraps Django's
     content = _async_stream(follower) if isinstance(django_request, ASGIRequest) else _sync_stream(follower)
@@ -114,12 +133,15 @@ class _TurnFollower:
     """What both flavours of the stream share: the events to send, from the stored turn and
     the turn's published events; they differ only in how they wait."""
 
-    def __init__(self, *, turn_id: int, done_body: DoneBody, message_body: MessageBody, last_event_id: str | None):
-        self.turn_id = turn_id
+    def __init__(self, *, turn: Turn, done_body: DoneBody, message_body: MessageBody, last_event_id: str | None):
+        self.turn = turn  # whose event stream is followed (turn_stream: its id and creation time)
+        self.turn_id = turn.pk
         self.done_body = done_body
         self.message_body = message_body
         self.resumed = last_event_id is not None
         self.last_id = last_event_id or MESSAGE_EVENT_ID
+        # The client may show progress of an attempt that a RESET will void.
+        self.progress_sent = self.last_id != MESSAGE_EVENT_ID
         self.ended = False  # the turn's END event was read
         self.error_code = ""  # the END event's, for the error event
         self.idle_since = time.monotonic()
@@ -133,6 +155,15 @@ class _TurnFollower:
 
     def take(self, events: list[TurnEvent]) -> list[bytes]:
         chunks = []
+        restarts = [index for index, event in enumerate(events) if event.kind == RESET]
+        if restarts:
+            # The turn runs again: what came before its last start is a stopped attempt's.
+            reset = events[restarts[-1]]
+            if self.progress_sent:
+                chunks.append(sse_event(event=RESET, data=reset.data, event_id=reset.id))
+                self.progress_sent = False
+            self.last_id = reset.id
+            events = events[restarts[-1] + 1:]
         for event in events:
             self.last_id = event.id
             if event.kind == END:
@@ -140,6 +171,7 @@ class _TurnFollower:
                 self.error_code = event.data.get("code") or ""
                 break
             chunks.append(sse_event(event=event.kind, data=event.data, event_id=event.id))
+            self.progress_sent = self.progress_sent or event.kind in PROGRESS
         if chunks or self.ended:
             self.idle_since = time.monotonic()
         return chunks
@@ -187,13 +219,13 @@ def _sync_stream(follower: _TurnFollower) -> Iterator[bytes]:
     try:
         yield from follower.opening()
         while not follower.ended:
-            events = turn_events_read(follower.turn_id, after=follower.last_id, timeout=POLL_SECONDS)
+            events = turn_events_read(follower.turn, after=follower.last_id, timeout=POLL_SECONDS)
             yield from follower.take(events)
             if events:
                 continue
             if follower.turn_finished():
                 # Its events were all published before it was stored: read what is left.
-                events = turn_events_read(follower.turn_id, after=follower.last_id, timeout=0)
+                events = turn_events_read(follower.turn, after=follower.last_id, timeout=0)
                 yield from follower.take(events)
                 break
             yield from follower.keepalive()
@@ -208,13 +240,13 @@ async def _async_stream(follower: _TurnFollower) -> AsyncIterator[bytes]:
         for chunk in await sync_to_async(follower.opening)():
             yield chunk
         while not follower.ended:
-            events = await turn_events_aread(follower.turn_id, after=follower.last_id, timeout=POLL_SECONDS)
+            events = await turn_events_aread(follower.turn, after=follower.last_id, timeout=POLL_SECONDS)
             for chunk in follower.take(events):
                 yield chunk
             if events:
                 continue
             if await sync_to_async(follower.turn_finished)():
-                events = await turn_events_aread(follower.turn_id, after=follower.last_id, timeout=0)
+                events = await turn_events_aread(follower.turn, after=follower.last_id, timeout=0)
                 for chunk in follower.take(events):
                     yield chunk
                 break
