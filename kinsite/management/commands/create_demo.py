@@ -182,6 +182,14 @@ class Command(BaseCommand):
             # Enqueued after commit: with eager Celery (the embedded default) the run is
             # finished when the command returns; with a broker a worker runs it.
             workflow_run_start(workflow=workflow)
+        # Before the turns, which may store memories of their own: the README's examples use memory 1.
+        for category, subject, importance, content in DEMO_MEMORIES:
+            if not Memory.objects.filter(team=team, kin=kin, content=content).exists():
+                memory_add(
+                    team=team, kin=kin, content=content, category=category, subject=subject,
+                    importance=importance, source=Memory.Source.ADMIN, source_ref="create_demo",
+                    actor=Actor(label="command:create_demo"),
+                )
         session = Session.objects.filter(kin=kin, title=DEMO_SESSION_TITLE).first()
         if session is None:
             session = session_create(kin=kin, title=DEMO_SESSION_TITLE, workflow=workflow)
@@ -193,21 +201,15 @@ class Command(BaseCommand):
                     for index, (sender, role, text) in enumerate(DEMO_MESSAGES, start=1)
                 ],
             )
-            if not session.turns.exists():
-                for content in DEMO_TURNS:
-                    # A configured model that fails leaves the turn recorded as failed, which the
-                    # activity page then shows: the demo goes on.
-                    with contextlib.suppress(TurnFailed):
-                        turn_post(session=session, content=content, sender="Maria", platform=Event.Platform.WEB)
-        for category, subject, importance, content in DEMO_MEMORIES:
-            if not Memory.objects.filter(team=team, kin=kin, content=content).exists():
-                memory_add(
-                    team=team, kin=kin, content=content, category=category, subject=subject,
-                    importance=importance, source=Memory.Source.ADMIN, source_ref="create_demo",
-                    actor=Actor(label="command:create_demo"),
-                )
+        # Before the turns, whose model (a configured one) may record facts of its own.
         if not kin.facts.exists() and not kin.experience_versions.exists():
             _facts_and_experience_ensure(kin=kin, session=session)
+        if session.archived_at is None and not session.turns.exists():
+            for content in DEMO_TURNS:
+                # A configured model that fails leaves the turn recorded as failed, which the
+                # activity page then shows: the demo goes on.
+                with contextlib.suppress(TurnFailed):
+                    turn_post(session=session, content=content, sender="Maria", platform=Event.Platform.WEB)
         return team, kin, session, workflow, user
 
 
