@@ -3,6 +3,7 @@ from django.apps import AppConfig
 
 class ConsolidationConfig(AppConfig):
     name = "consolidation"
+    verbose_name = "Facts and experience"
 
     def ready(self):
         # Requested consolidation runs: kinsite.jobs' sweeps send again a lost task and fail

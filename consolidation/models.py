@@ -16,7 +16,7 @@ class Fact(models.Model):
     class Source(models.TextChoices):
         INTROSPECTION = "introspection"
         TOOL = "tool"
-        API = "api"
+        API = "api", "API"
         DASHBOARD = "dashboard"
         ADMIN = "admin"
 
@@ -29,13 +29,13 @@ class Fact(models.Model):
     category = models.CharField(max_length=12, choices=Category.choices, default=Category.FACT)
     source = models.CharField(max_length=16, choices=Source.choices)
     # Which writer: "introspection_run:12", "event:345", "token:ks_ab12cd", "user:maria".
-    source_ref = models.CharField(max_length=200, blank=True)
+    source_ref = models.CharField("source reference", max_length=200, blank=True)
     # The memory this fact records (introspection and tool facts), so supersession reaches it.
     memory = models.ForeignKey(
         "memories.Memory", null=True, blank=True, on_delete=models.SET_NULL, related_name="facts"
     )
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.ACTIVE)
-    is_consolidated = models.BooleanField(default=False)
+    is_consolidated = models.BooleanField("consolidated", default=False)
     consolidated_by_run = models.ForeignKey(
         "ConsolidationRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="processed_facts"
     )
@@ -63,7 +63,7 @@ class ConsolidationRun(models.Model):
 
     class Trigger(models.TextChoices):
         NIGHTLY = "nightly"
-        API = "api"
+        API = "api", "API"
         DASHBOARD = "dashboard"
         ADMIN = "admin"
         COMMAND = "command"
@@ -91,8 +91,8 @@ class ConsolidationRun(models.Model):
     # Every model answer, in order (the first, then the corrective retry's).
     raw_answers = models.JSONField(default=list, blank=True)
     validation_errors = models.JSONField(default=list, blank=True)
-    processed_fact_ids = models.JSONField(default=list, blank=True)
-    superseded_fact_ids = models.JSONField(default=list, blank=True)
+    processed_fact_ids = models.JSONField("processed fact IDs", default=list, blank=True)
+    superseded_fact_ids = models.JSONField("superseded fact IDs", default=list, blank=True)
     summary_of_changes = models.TextField(blank=True)
     word_count = models.PositiveIntegerField(default=0)
     experience_version = models.ForeignKey(
@@ -100,7 +100,7 @@ class ConsolidationRun(models.Model):
     )
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
-    duration_ms = models.PositiveIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField("duration (ms)", default=0)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     # When it was claimed (a requested run) or began (a run made at once): how long it has

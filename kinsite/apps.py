@@ -3,7 +3,7 @@ from django.apps import AppConfig
 
 class KinsiteConfig(AppConfig):
     name = "kinsite"
-    verbose_name = "Kinsite core"
+    verbose_name = "Teams and kins"
 
     def ready(self):
         from kinsite.api import schema  # noqa: F401  (registers the OpenAPI auth extension)

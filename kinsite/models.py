@@ -15,7 +15,7 @@ class Team(models.Model):
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=100, unique=True)
     # IANA name; nightly jobs and the prompt's context block use it.
-    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
+    timezone = models.CharField("time zone", max_length=64, default="UTC", validators=[validate_timezone])
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -68,6 +68,7 @@ class ApiToken(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        verbose_name = "API token"
 
     def __str__(self):
         return f"{self.name} ({self.prefix}…)"
@@ -114,7 +115,7 @@ class LLMCall(models.Model):
     """One call to a model endpoint: an append-only audit row."""
 
     class Status(models.TextChoices):
-        OK = "ok"
+        OK = "ok", "OK"
         ERROR = "error"
 
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
@@ -125,7 +126,7 @@ class LLMCall(models.Model):
     kind = models.CharField(max_length=20, default="chat")  # chat | embedding
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
-    latency_ms = models.PositiveIntegerField(default=0)
+    latency_ms = models.PositiveIntegerField("latency (ms)", default=0)
     attempts = models.PositiveSmallIntegerField(default=1)
     status = models.CharField(max_length=10, choices=Status.choices)
     error = models.TextField(blank=True)
@@ -163,7 +164,7 @@ class PromptTemplate(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     name = models.CharField(max_length=100)
     body = models.TextField()
-    is_active = models.BooleanField(default=True)
+    is_active = models.BooleanField("active", default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -341,7 +341,8 @@ def _check_field(kind: str, allowed: dict[str, str], field: str, spec: str, conv
         close = difflib.get_close_matches(field, allowed, n=1)
         hint = f" (did you mean {{{close[0]}}}?)" if close else ""
         names = ", ".join("{" + name + "}" for name in allowed)
-        return f"unknown placeholder {raw}{hint}; a {kind} template may use {names}"
+        article = "an" if kind.startswith(("a", "e", "i", "o", "u")) else "a"
+        return f"unknown placeholder {raw}{hint}; {article} {kind} template may use {names}"
     return None
 
 

@@ -21,7 +21,7 @@ class Memory(models.Model):
         INTROSPECTION = "introspection"
         TURN = "turn"
         TOOL = "tool"
-        API = "api"
+        API = "api", "API"
         DASHBOARD = "dashboard"
         ADMIN = "admin"
         CONSOLIDATION = "consolidation"
@@ -37,7 +37,7 @@ class Memory(models.Model):
     # Who wrote it: the kind of writer, and which one ("introspection_run:12",
     # "event:345", "token:ks_ab12cd", "user:maria").
     source = models.CharField(max_length=16, choices=Source.choices, default=Source.API)
-    source_ref = models.CharField(max_length=200, blank=True)
+    source_ref = models.CharField("source reference", max_length=200, blank=True)
     superseded_by = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="supersedes"
     )
@@ -51,6 +51,7 @@ class Memory(models.Model):
 
     class Meta:
         ordering = ["-updated_at", "-id"]
+        verbose_name_plural = "memories"
         indexes = [
             models.Index(fields=["team", "kin", "status"], name="memory_scope_status"),
             models.Index(fields=["team", "status", "subject"], name="memory_subject"),

@@ -3,7 +3,7 @@ from django.apps import AppConfig
 
 class SessionsAppConfig(AppConfig):
     name = "sessions_app"
-    verbose_name = "Kins and sessions"
+    verbose_name = "Sessions"
 
     def ready(self):
         # The kinds of background job whose lost or stalled work kinsite.jobs' sweeps take over.

@@ -54,11 +54,11 @@ class Event(models.Model):
 
     class Kind(models.TextChoices):
         MESSAGE = "message"
-        TOOL_CALL = "tool_call"
-        TOOL_RESULT = "tool_result"
+        TOOL_CALL = "tool_call", "Tool call"
+        TOOL_RESULT = "tool_result", "Tool result"
         COMMAND = "command"
-        INTROSPECTION_START = "introspection_start"
-        INTROSPECTION_END = "introspection_end"
+        INTROSPECTION_START = "introspection_start", "Introspection start"
+        INTROSPECTION_END = "introspection_end", "Introspection end"
         COMPACTION = "compaction"
 
     class Role(models.TextChoices):
@@ -72,8 +72,8 @@ class Event(models.Model):
         TELEGRAM = "telegram"
         DISCORD = "discord"
         SLACK = "slack"
-        WHATSAPP = "whatsapp"
-        API = "api"
+        WHATSAPP = "whatsapp", "WhatsApp"
+        API = "api", "API"
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=24, choices=Kind.choices, default=Kind.MESSAGE)
@@ -83,7 +83,7 @@ class Event(models.Model):
     platform = models.CharField(max_length=16, choices=Platform.choices, default=Platform.API)
     # The client's own id for the message; unique per session, so imports are idempotent.
     # NULL, not "": the per-session unique constraint must not join messages that have none.
-    external_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    external_id = models.CharField("external ID", max_length=200, null=True, blank=True)  # noqa: DJ001
     # tiktoken count of `content`, computed when the row is written.
     token_count = models.PositiveIntegerField(default=0)
     # Kind-specific structure: tool name and arguments, command name, covered ranges…
@@ -154,7 +154,7 @@ class Turn(models.Model):
     user_message = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     reply = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
-    is_async = models.BooleanField(default=False)
+    is_async = models.BooleanField("async", default=False)
     error = models.TextField(blank=True)
     tool_calls = models.PositiveSmallIntegerField(default=0)
     prompt_tokens = models.PositiveIntegerField(default=0)
@@ -203,7 +203,7 @@ class Summary(models.Model):
     # to last_event whose id is at most this; one dated before last_event with a newer id
     # was imported into summarised time afterwards, and the next compaction folds it in.
     # Null (a row written by hand): last_event_id.
-    seen_through_id = models.BigIntegerField(null=True, blank=True)
+    seen_through_id = models.BigIntegerField("seen through ID", null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -274,8 +274,8 @@ class IntrospectionRun(models.Model):
     start_event = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     end_event = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     # The events read: after the previous cursor up to and including this one.
-    first_event_id = models.BigIntegerField(null=True, blank=True)
-    last_event_id = models.BigIntegerField(null=True, blank=True)
+    first_event_id = models.BigIntegerField("first event ID", null=True, blank=True)
+    last_event_id = models.BigIntegerField("last event ID", null=True, blank=True)
     event_count = models.PositiveIntegerField(default=0)
     # [{"name", "arguments", "result"}] in call order.
     tool_calls = models.JSONField(default=list, blank=True)
@@ -284,7 +284,7 @@ class IntrospectionRun(models.Model):
     template_source = models.CharField(max_length=10, blank=True)
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
-    duration_ms = models.PositiveIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField("duration (ms)", default=0)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

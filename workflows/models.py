@@ -28,7 +28,7 @@ class Node(models.Model):
 
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="nodes")
     # The client's id for the node, unique within the workflow (what edges and exports use).
-    client_id = models.CharField(max_length=100)
+    client_id = models.CharField("client ID", max_length=100)
     type = models.CharField(max_length=50)
     label = models.CharField(max_length=200, blank=True)
     config = models.JSONField(default=dict, blank=True)
