@@ -3,9 +3,9 @@
 inside the viewport and clickable. Seeded rows stress widths: long names, long unbroken
 words and URLs, code, many columns. A new page adds one entry to PAGES."""
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from playwright.sync_api import expect
@@ -44,7 +44,7 @@ PHONE_WIDTH = 390
 SCREENSHOT_DIR = Path("/tmp/kinsite-phone")
 
 LONG_WORD = "Donaudampfschifffahrtsgesellschaftskapitän" * 4
-LONG_URL = "https://example.com/reports/" + "/".join(f"segment-{n}_with_more_text" for n in range(12)) + "?q=" + "x" * 80
+LONG_URL = "https://example.com/reports/" + "/".join(f"segment-{n}_with_text" for n in range(12)) + "?q=" + "x" * 80
 LONG_NAME = "Ada" + "Lovelace" * 12  # 99 characters, no space
 LONG_TEXT = f"See {LONG_URL} and {LONG_WORD}; then a sentence with ordinary words that wraps as usual. " * 2
 CODE = "def churn(rows):\n    return [row for row in rows if row['customer_id'] == '" + "9" * 120 + "']  # " + LONG_WORD
@@ -59,7 +59,6 @@ class World:
     workflow_id: int = 0
     node_id: str = ""
     call_id: int = 0
-    memory_row: str = ""
 
 
 @dataclass
@@ -71,7 +70,6 @@ class PhonePage:
     # A selector to wait for before measuring (content loaded by htmx).
     ready: str = ""
     logged_in: bool = True
-    notes: list[str] = field(default_factory=list)
 
 
 SUBMIT = "main form button[type=submit]"
@@ -133,7 +131,8 @@ def seed(team) -> World:
     question = MessageFactory(session=chat, sender="Maria " + LONG_WORD, content=LONG_TEXT)
     turn = TurnFactory(session=chat, user_message=question, status=Turn.Status.DONE)
     ToolCallFactory(session=chat, data={"turn": turn.pk, "tool_calls": [
-        {"id": "call_1", "name": "memory_recall_" + "x" * 60, "arguments": json.dumps({"query": LONG_WORD, "url": LONG_URL})},
+        {"id": "call_1", "name": "memory_recall_" + "x" * 60,
+         "arguments": json.dumps({"query": LONG_WORD, "url": LONG_URL})},
     ]})
     ToolResultFactory(session=chat, content=json.dumps([{"content": LONG_TEXT, "url": LONG_URL}]),
                       data={"turn": turn.pk, "tool_call_id": "call_1"})
@@ -142,12 +141,12 @@ def seed(team) -> World:
     Turn.objects.filter(pk=turn.pk).update(reply=reply)
     MessageFactory(session=chat, kind=Event.Kind.COMMAND, role=Event.Role.SYSTEM, content=f"/checkpoint {LONG_WORD}")
     failed_question = MessageFactory(session=chat, content=LONG_URL)
-    TurnFactory(session=chat, user_message=failed_question, status=Turn.Status.FAILED, error="LLMUnavailable: " + LONG_WORD)
+    TurnFactory(session=chat, user_message=failed_question, status=Turn.Status.FAILED,
+                error="LLMUnavailable: " + LONG_WORD)
     IntrospectionRunFactory(session=chat, status=IntrospectionRun.Status.FAILED, error=LONG_TEXT, summary=LONG_TEXT)
 
     memory = MemoryFactory(kin=kin, content=f"churn report: {LONG_TEXT}", subject=LONG_WORD, source_ref=LONG_WORD)
     world.memory_id = memory.pk
-    world.memory_row = f"#memory-{memory.pk}"
     MemoryChangeFactory(memory=memory, action=MemoryChange.Action.UPDATE, reason=LONG_TEXT,
                         before={"content": LONG_URL, "subject": LONG_WORD}, after={"content": memory.content})
     MemoryFactory(kin=kin, content="churn is measured monthly", subject="churn")
@@ -168,7 +167,7 @@ def seed(team) -> World:
         nodes.append({"id": f"step-{number}", "type": "filter", "label": f"Step {number}",
                       "config": {"conditions": [{"field": COLUMNS[0], "op": "ne", "value": "none"}]}})
     nodes.append({"id": "table", "type": "table_output", "label": "Result table", "config": {"columns": COLUMNS}})
-    edges = [{"source": source["id"], "target": target["id"]} for source, target in zip(nodes, nodes[1:])]
+    edges = [{"source": source["id"], "target": target["id"]} for source, target in zip(nodes, nodes[1:], strict=False)]
     document = workflow_services.document_clean({"name": "Churn " + LONG_WORD, "description": LONG_TEXT,
                                                  "nodes": nodes, "edges": edges})
     workflow = workflow_services.workflow_create(team=team, document=document)
@@ -185,7 +184,7 @@ def seed(team) -> World:
 
 
 @pytest.fixture
-def phone_page(browser, live_server):
+def phone_page(browser, live_server, transactional_db):
     context = browser.new_context(base_url=live_server.url, viewport={"width": PHONE_WIDTH, "height": 844},
                                   device_scale_factor=3, is_mobile=True, has_touch=True)
     context.set_default_timeout(TIMEOUT_MS)
@@ -205,8 +204,9 @@ def assert_no_horizontal_scroll(page, name: str) -> None:
             .map(element => element.tagName.toLowerCase() + (element.id ? "#" + element.id : "")
                  + (element.className && typeof element.className === "string" ? "." + element.className : "")),
     })""")
-    assert widths["inner"] == PHONE_WIDTH, widths
-    assert widths["html"] <= widths["inner"] and widths["body"] <= widths["inner"], (name, widths)
+    # A phone widens its layout viewport (innerWidth) to fit content wider than the screen.
+    assert widths["inner"] == PHONE_WIDTH, (name, widths)
+    assert widths["html"] <= PHONE_WIDTH and widths["body"] <= PHONE_WIDTH, (name, widths)
 
 
 def assert_reachable(page, selector: str) -> None:
