@@ -157,7 +157,7 @@ def seed(team) -> World:
     ExperienceVersionFactory(kin=kin, version=2, markdown=second, word_count=len(second.split()))
     ConsolidationRunFactory(kin=kin, status=ConsolidationRun.Status.FAILED, error=LONG_TEXT,
                             rendered_prompt=CODE, raw_answers=[LONG_TEXT], validation_errors=[LONG_WORD],
-                            template_source="kin:" + LONG_WORD)
+                            template_source="kin")
     FactFactory(kin=kin, statement=LONG_TEXT, source_ref="user:" + LONG_WORD)
 
     records = [{column: f"{LONG_WORD}-{row}" for column in COLUMNS} for row in range(3)]
