@@ -236,6 +236,8 @@ def test_page_fits_a_phone_screen(phone_page, phone: PhonePage):
     assert response is not None and response.ok, (phone.name, response and response.status)
     if phone.ready:
         expect(page.locator(phone.ready)).to_be_attached()
+    # Folded content (tool steps, prompt sections, rendered prompts, forms) must fit too.
+    page.evaluate("document.querySelectorAll('details').forEach(details => { details.open = true; })")
     SCREENSHOT_DIR.mkdir(exist_ok=True)
     page.screenshot(path=SCREENSHOT_DIR / f"{phone.name.replace(' ', '-')}.png", full_page=True)
 
