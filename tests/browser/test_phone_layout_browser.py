@@ -59,6 +59,7 @@ class World:
     workflow_id: int = 0
     node_id: str = ""
     call_id: int = 0
+    token_id: int = 0
 
 
 @dataclass
@@ -99,7 +100,11 @@ PAGES = [
               (".consolidate-form button", "#diff-from", ".diff-form button[type=submit]", ".run-detail summary")),
     PhonePage("experience diff", lambda w: f"/kins/{w.kin_id}/experience/?from=1&to=2",
               (".diff-form button[type=submit]",), ready="#experience-diff"),
-    PhonePage("experience old version", lambda w: f"/kins/{w.kin_id}/experience/?version=1", ("#experience-markdown",)),
+    PhonePage("experience side-by-side diff",
+              lambda w: f"/kins/{w.kin_id}/experience/?from=1&to=2&layout=side-by-side",
+              (".diff-form button[type=submit]", "nav.diff-layouts a"), ready="#experience-diff"),
+    PhonePage("experience old version", lambda w: f"/kins/{w.kin_id}/experience/?version=1",
+              (".markdown-source summary",), ready="#experience-markdown"),
     PhonePage("facts", lambda w: f"/kins/{w.kin_id}/facts/", (".add-fact summary",)),
     PhonePage("workflows", lambda w: "/workflows/", ("main .listing a",)),
     PhonePage("workflow detail", lambda w: f"/workflows/{w.workflow_id}/",
@@ -107,7 +112,8 @@ PAGES = [
     PhonePage("node inspector", lambda w: f"/workflows/{w.workflow_id}/nodes/{w.node_id}/",
               ("#max-chars", ".narrative-form button[type=submit]", ".exports a")),
     PhonePage("tokens", lambda w: "/tokens/", ("#token-name", "form.search button[type=submit]",
-                                              "form[action$='/revoke/'] button")),
+                                              "a[href$='/revoke/']")),
+    PhonePage("token revoke", lambda w: f"/tokens/{w.token_id}/revoke/", (SUBMIT, "main form a")),
     PhonePage("kin activity", lambda w: f"/kins/{w.kin_id}/activity/",
               ("#activity-status", ".activity-filters button[type=submit]", "#activity-failures",
                ".activity-row a")),
@@ -176,7 +182,8 @@ def seed(team) -> World:
     world.workflow_id = workflow.pk
     world.node_id = "table"
 
-    kinsite_services.api_token_issue(team=team, name="bot-" + "x" * 90)
+    token, _ = kinsite_services.api_token_issue(team=team, name="bot-" + "x" * 90)
+    world.token_id = token.pk
     call = LLMCallFactory(team=team, kin=kin, status=LLMCall.Status.ERROR, error=LONG_TEXT,
                           model="provider/" + "very-long-model-name-" * 8, purpose="kin_turn")
     world.call_id = call.pk
