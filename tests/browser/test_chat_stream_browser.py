@@ -52,7 +52,11 @@ def user_messages(chat):
 def test_the_reply_streams_in_pieces_then_becomes_the_stored_entries(logged_in_page, chat, scripted):
     page = logged_in_page
     scripted.piece_delay = 0.15
-    scripted.add(REPLY)
+    scripted.add(
+        {"tool_calls": [{"name": "memorize", "arguments": {"content": "The weekly report is due on Friday.",
+                                                            "category": "fact"}}]},
+        REPLY,
+    )
     page.goto(f"/sessions/{chat.pk}/")
     page.evaluate("window.__kinsiteMarker = 'same-page'")
     page.evaluate(WATCH_STREAMED_TEXT)
@@ -65,9 +69,12 @@ def test_the_reply_streams_in_pieces_then_becomes_the_stored_entries(logged_in_p
     expect(conversation).to_contain_text("When is the weekly report due?")
     expect(page.locator("#chat-content")).to_have_value("")
     expect(page.locator("#chat-form button[type=submit]")).to_be_disabled()
-    # Part of the reply is shown while the rest is still coming.
-    streamed = conversation.locator(".message.streaming .streamed-text")
-    expect(streamed).to_contain_text("The weekly")
+    expect(page.locator("#chat-form .htmx-indicator")).to_be_visible()
+    # Part of the reply is shown while the rest is still coming, under the tool call that ran.
+    streaming = conversation.locator(".message.streaming")
+    expect(streaming.locator(".streamed-text")).to_contain_text("The weekly")
+    expect(streaming.locator("details.tool-calls summary")).to_have_text("1 tool call: memorize")
+    expect(streaming.locator(".tool-result")).to_contain_text('"status": "created"')
     page.screenshot(path=SCREENSHOT_PATH, full_page=True)
 
     reply = conversation.locator(".message.role-assistant").last
@@ -81,6 +88,9 @@ def test_the_reply_streams_in_pieces_then_becomes_the_stored_entries(logged_in_p
     turn = Turn.objects.get()
     expect(conversation.locator(f"#event-{turn.user_message_id}")).to_contain_text("When is the weekly report due?")
     expect(conversation.locator(f"#event-{turn.reply_id}")).to_contain_text(REPLY)
+    # Folded, as the page shows it.
+    expect(conversation.locator(f"#event-{turn.reply_id} .tool-result")).not_to_be_visible()
+    expect(page.locator("#chat-form .htmx-indicator")).not_to_be_visible()
     assert page.evaluate("window.__kinsiteMarker") == "same-page"
 
 
