@@ -12,7 +12,7 @@ from sessions_app import services
 from sessions_app.models import Event, IntrospectionRun, Turn
 from tests.factories import KinFactory, MessageFactory, SessionFactory
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("empty_turn_events")]
 
 SCREENSHOT_PATH = "/tmp/kinsite-chat-stream.png"
 REPLY = "The weekly report is due on Friday at noon, in the shared folder."

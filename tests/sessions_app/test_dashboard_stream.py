@@ -4,6 +4,7 @@ them, commands, a failing model, and the edges: login, team roles, CSRF, another
 session, refused input (nothing stored). The turn runs in a thread of its own (as in the web
 process), so these tests commit their rows (transactional database)."""
 import re
+import threading
 
 import pytest
 from django.conf import settings
@@ -17,7 +18,7 @@ from sessions_app.models import Event, IntrospectionRun, Summary, Turn
 from tests.factories import KinFactory, MembershipFactory, MessageFactory, SessionFactory, UserFactory
 from tests.support.sse import parse_sse
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_cache")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_cache", "empty_turn_events")]
 
 EVIL = "<script>alert('x')</script>"
 
@@ -46,7 +47,18 @@ def page_url(session):
 def stream(client, session, data):
     response = client.post(stream_url(session), data, HTTP_ACCEPT="text/event-stream")
     assert response.status_code == 200, response.content
+    return events_of(response, session)
+
+
+def events_of(response, session):
+    """The whole stream, read once the turn's thread has ended: the test client reads it in
+    this thread, and with SQLite's in-memory test database a read here while the turn's
+    thread writes fails ("table is locked"). That the events come as the turn runs is
+    shown over HTTP (test_turn_stream.py) and in the browser (test_chat_stream_browser.py)."""
     assert response["Content-Type"] == "text/event-stream"
+    for thread in threading.enumerate():
+        if thread.name == f"turn-stream-session-{session.pk}":
+            thread.join(timeout=30)
     return parse_sse(b"".join(response.streaming_content))
 
 
@@ -54,7 +66,7 @@ def stored(session):
     return list(Event.objects.filter(session=session).order_by("created_at", "id"))
 
 
-def test_a_streamed_post_sends_the_message_the_turn_as_it_runs_and_the_rendered_entries(
+def test_a_streamed_post_sends_the_message_the_turns_events_and_the_rendered_entries(
         logged_in, chat_session, user, scripted):
     scripted.add(
         {"tool_calls": [{"id": "call_1", "name": "memorize",
@@ -175,7 +187,7 @@ def test_a_post_without_the_csrf_token_is_refused(user, chat_session, scripted):
     accepted = client.post(stream_url(chat_session), {"content": "hi", "csrfmiddlewaretoken": token},
                            HTTP_ACCEPT="text/event-stream")
     assert accepted.status_code == 200
-    assert parse_sse(b"".join(accepted.streaming_content))[-1].event == "done"
+    assert events_of(accepted, chat_session)[-1].event == "done"
 
 
 def test_another_teams_session_answers_404(logged_in, other_team, scripted):
