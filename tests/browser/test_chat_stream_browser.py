@@ -96,21 +96,33 @@ def test_the_reply_streams_in_pieces_then_becomes_the_stored_entries(logged_in_p
 
 def test_enter_sends_and_shift_enter_adds_a_line(logged_in_page, chat, scripted):
     page = logged_in_page
+    for index in range(30):
+        MessageFactory(session=chat, content=f"older message {index}", sender="Maria", platform="web")
     scripted.add("Two lines received.", "Sent with Ctrl+Enter.")
     page.goto(f"/sessions/{chat.pk}/")
     box = page.locator("#chat-content")
+    # Reading the oldest messages, the window scrolled down to the panel, the box focused.
+    page.evaluate("""() => {
+      const scroller = document.querySelector(".chat-scroll");
+      scroller.scrollTop = -scroller.scrollHeight;
+      window.scrollTo(0, document.body.scrollHeight);
+      document.getElementById("chat-content").focus({preventScroll: true});
+    }""")
+    expect(page.locator("#conversation > li").last).not_to_be_in_viewport()
 
-    box.click()
     page.keyboard.type("first line")
     page.keyboard.press("Shift+Enter")
     page.keyboard.type("second line")
 
     expect(box).to_have_value("first line\nsecond line")
-    assert user_messages(chat) == ["I run the data team at Northwind."]
+    assert user_messages(chat)[-1] == "older message 29"
 
     page.keyboard.press("Enter")
     expect(page.locator("#conversation")).to_contain_text("Two lines received.")
     expect(box).to_have_value("")
+    # The view follows the newest message.
+    expect(page.locator("#conversation > li").last).to_contain_text("Two lines received.")
+    expect(page.locator("#conversation > li").last).to_be_in_viewport()
     assert user_messages(chat)[-1] == "first line\nsecond line"
 
     page.keyboard.type("third")

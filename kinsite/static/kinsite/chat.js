@@ -219,6 +219,9 @@
     const template = document.createElement("template");
     template.innerHTML = html;
     const added = Array.from(template.content.children);
+    if (!added.length) {
+      return [];
+    }
     const anchor = nodes[0];
     for (const node of added) {
       anchor.parentNode.insertBefore(node, anchor);
@@ -323,6 +326,9 @@
       }
     } catch (error) {
       // Not our JSON: a login page, a CSRF failure, a proxy's error page.
+    }
+    if (response.redirected) {
+      return "Your message was not sent: you are logged out. Reload the page and log in again.";
     }
     if (response.status === 403) {
       return "Your message was not sent (403): reload the page (your login or its form may have expired).";
