@@ -3,6 +3,9 @@ piece by piece before the turn ends, the keys (Enter sends, Shift+Enter adds a l
 composition does not send), one send at a time, a refused post gives the text back, a
 failed turn keeps the message with its error, and the session panel refreshes after a
 command without a page load."""
+import threading
+from itertools import pairwise
+
 import pytest
 from playwright.sync_api import expect
 
@@ -29,11 +32,43 @@ WATCH_STREAMED_TEXT = """() => {
 }"""
 
 
+class HeldProvider(ScriptedProvider):
+    """A scripted model that, streaming, stops after `hold_after` pieces of text until the test
+    sets `release`: what the page shows mid-reply is then checked without racing the reply."""
+
+    def __init__(self, *args, hold_after: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hold_after = hold_after
+        self.release = threading.Event()
+
+    def chat(self, messages, *, on_delta=None, **kwargs):
+        if on_delta is None:
+            return super().chat(messages, **kwargs)
+        sent = 0
+
+        def hold_then_pass(piece: str) -> None:
+            nonlocal sent
+            on_delta(piece)
+            sent += 1
+            if sent == self.hold_after:
+                assert self.release.wait(20), "the test never released the model"
+
+        return super().chat(messages, on_delta=hold_then_pass, **kwargs)
+
+
 @pytest.fixture
 def scripted():
     # A module-level override: the live server's threads see it too.
     with provider_override(ScriptedProvider()) as provider:
         yield provider
+
+
+@pytest.fixture
+def held():
+    provider = HeldProvider(hold_after=3)
+    with provider_override(provider):
+        yield provider
+        provider.release.set()  # a failed test must not leave the turn's thread waiting
 
 
 @pytest.fixture
@@ -49,10 +84,10 @@ def user_messages(chat):
                 .values_list("content", flat=True))
 
 
-def test_the_reply_streams_in_pieces_then_becomes_the_stored_entries(logged_in_page, chat, scripted):
+def test_the_reply_streams_in_pieces_then_becomes_the_stored_entries(logged_in_page, chat, held):
     page = logged_in_page
-    scripted.piece_delay = 0.15
-    scripted.add(
+    held.piece_delay = 0.05
+    held.add(
         {"tool_calls": [{"name": "memorize", "arguments": {"content": "The weekly report is due on Friday.",
                                                             "category": "fact"}}]},
         REPLY,
@@ -70,12 +105,13 @@ def test_the_reply_streams_in_pieces_then_becomes_the_stored_entries(logged_in_p
     expect(page.locator("#chat-content")).to_have_value("")
     expect(page.locator("#chat-form button[type=submit]")).to_be_disabled()
     expect(page.locator("#chat-form .htmx-indicator")).to_be_visible()
-    # Part of the reply is shown while the rest is still coming, under the tool call that ran.
+    # The model is held after three pieces: they are shown, under the tool call that ran.
     streaming = conversation.locator(".message.streaming")
-    expect(streaming.locator(".streamed-text")).to_contain_text("The weekly")
+    expect(streaming.locator(".streamed-text")).to_have_text("The weekly report ")
     expect(streaming.locator("details.tool-calls summary")).to_have_text("1 tool call: memorize")
     expect(streaming.locator(".tool-result")).to_contain_text('"status": "created"')
     page.screenshot(path=SCREENSHOT_PATH, full_page=True)
+    held.release.set()
 
     reply = conversation.locator(".message.role-assistant").last
     expect(reply.locator(".content")).to_have_text(REPLY)
@@ -83,7 +119,7 @@ def test_the_reply_streams_in_pieces_then_becomes_the_stored_entries(logged_in_p
     expect(page.locator("#chat-form button[type=submit]")).to_be_enabled()
     shown = page.evaluate("window.__streamed")
     assert len(shown) >= 3 and shown[-1] == REPLY
-    assert all(later.startswith(earlier) and later != earlier for earlier, later in zip(shown, shown[1:]))
+    assert all(later.startswith(earlier) and later != earlier for earlier, later in pairwise(shown))
     # The streamed bubble became the stored entries (their ids), without a page load.
     turn = Turn.objects.get()
     expect(conversation.locator(f"#event-{turn.user_message_id}")).to_contain_text("When is the weekly report due?")
@@ -131,10 +167,9 @@ def test_enter_sends_and_shift_enter_adds_a_line(logged_in_page, chat, scripted)
     assert user_messages(chat)[-1] == "third"
 
 
-def test_enter_while_composing_or_streaming_does_not_send(logged_in_page, chat, scripted):
+def test_enter_while_composing_or_streaming_does_not_send(logged_in_page, chat, held):
     page = logged_in_page
-    scripted.piece_delay = 0.15
-    scripted.add(REPLY)
+    held.add(REPLY)
     page.goto(f"/sessions/{chat.pk}/")
     box = page.locator("#chat-content")
 
@@ -150,10 +185,12 @@ def test_enter_while_composing_or_streaming_does_not_send(logged_in_page, chat, 
     expect(box).to_have_value("かな")
 
     box.press("Enter")
-    expect(page.locator("#conversation .message.streaming")).to_have_count(1)
+    expect(page.locator("#conversation .message.streaming .streamed-text")).to_have_text("The weekly report ")
     box.fill("a second message")
     box.press("Enter")
     expect(page.locator("#chat-form button[type=submit]")).to_be_disabled()
+    expect(page.locator("#conversation .message.pending")).to_have_count(0)
+    held.release.set()
 
     expect(page.locator("#conversation")).to_contain_text(REPLY)
     # The second message waits in the box: one send at a time.
