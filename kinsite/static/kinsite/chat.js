@@ -74,7 +74,9 @@
         headers: {"Accept": "text/event-stream", "X-CSRFToken": csrf ? csrf.value : ""},
       });
     } catch (error) {
-      refused(pending, content, "Your message was not sent: the server could not be reached. Try again.");
+      // Nothing came back: most likely nothing was stored, but a reload tells for sure.
+      refused(pending, content, "The server could not be reached, so your message was probably not sent. " +
+                                "Reload the page to check before sending it again.");
       return;
     }
     const type = response.headers.get("Content-Type") || "";
