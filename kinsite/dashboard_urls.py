@@ -31,6 +31,7 @@ pages = [
     path("kins/<int:kin_id>/facts/", consolidation_views.fact_list, name="fact_list"),
     path("sessions/<int:session_id>/", session_views.session_detail, name="session_detail"),
     path("sessions/<int:session_id>/post/", session_views.session_post, name="session_post"),
+    path("sessions/<int:session_id>/stream/", session_views.session_post_stream, name="session_post_stream"),
     path("sessions/<int:session_id>/preview/", session_views.session_prompt_preview, name="session_prompt_preview"),
     path("sessions/<int:session_id>/introspection/", session_views.session_introspection,
          name="session_introspection"),

@@ -3,7 +3,10 @@ swapped in, with the tool calls that led to it folded underneath), the prompt
 preview beside it, and the introspection panel below (working memory, description,
 the recent runs and a "Checkpoint now" button). Posting calls sessions_app.turns.turn_post,
 the preview sessions_app.prompt.prompt_assemble and the checkpoint
-sessions_app.introspection.introspection_request, the same services the API calls.
+sessions_app.introspection.introspection_request, the same services the API calls. With
+JavaScript (kinsite/static/kinsite/chat.js) a post streams instead: session_post_stream
+answers the turn's server-sent events (sessions_app.turns.stream, as the API does), with the
+entries rendered by the same templates in its `message` and `done` events.
 Also: "New session" on a kin's page (any team member), and renaming, archiving and
 unarchiving a session (team owners and admins). An archived session's page shows its
 history read-only, with "Unarchive" where the chat box was. And the activity pages of a
@@ -17,8 +20,9 @@ from django import forms
 from django.conf import settings
 from django.core.paginator import Paginator
 from django.db.models import Q
-from django.http import QueryDict
+from django.http import JsonResponse, QueryDict
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
@@ -28,11 +32,13 @@ from kinsite.prompt_safety import one_line_problem
 from kinsite.selectors import kin_get
 from kinsite.views import can_manage, managers_only, render_partial_or_page, team_required, wants_partial
 from sessions_app import activity, selectors, services, turns
+from sessions_app.compaction import latest_summary
 from sessions_app.forms import SessionCreateForm, SessionRenameForm
 from sessions_app.introspection import IntrospectionDisabled, introspection_request, introspection_settings
 from sessions_app.locks import SessionBusy
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.prompt import prompt_assemble
+from sessions_app.turns.stream import turn_event_stream, turn_post_streamed
 
 # The newest page comes first: a chat opens on its latest messages.
 MESSAGES_PER_PAGE = 50
@@ -291,8 +297,8 @@ def _runs_shown_for_run(request, chat_session: Session) -> int:
 
 def _introspection_context(chat_session: Session, *, runs_shown: int, checkpoint_error: str = "",
                            checkpoint_run: IntrospectionRun | None = None) -> dict:
-    """The panel's context. The runs are one query: one row more than shown tells
-    whether there are older ones."""
+    """The panel's context: the runs in one query (one row more than shown tells whether
+    there are older ones) and the newest compaction summary in another."""
     runs = list(selectors.introspection_run_list(session=chat_session)[: runs_shown + 1])
     more = len(runs) > runs_shown
     runs = runs[:runs_shown]
@@ -302,6 +308,8 @@ def _introspection_context(chat_session: Session, *, runs_shown: int, checkpoint
         "runs_shown": runs_shown,
         "more_runs": runs_shown + RUNS_PER_PAGE if more else None,
         "runs_poll_seconds": RUNS_POLL_SECONDS if any(run.status in active for run in runs) else None,
+        # The prompt's conversation state starts from the newest compaction summary.
+        "summary": latest_summary(chat_session),
         "introspection_enabled": introspection_settings(chat_session.kin).enabled,
         "checkpoint_error": checkpoint_error,
         "checkpoint_run": checkpoint_run,
@@ -430,6 +438,50 @@ def session_post(request, session_id: int):
     # After the swap, so the preview reads the emptied message box.
     response["HX-Trigger-After-Swap"] = "chat-posted"
     return response
+
+
+@require_POST
+@team_required
+def session_post_stream(request, session_id: int):
+    """One chat turn as server-sent events, for chat.js (members chat, as with session_post):
+    `message` (the stored message, rendered as the page shows it), then `delta`, `tool_call`
+    and `tool_result` as the turn runs, then `done` (the message and its reply rendered, to
+    replace what was streamed) or `error` (the §11 shape; the message stays stored). A post
+    refused before anything is stored answers JSON in the §11 shape instead: 400 for an
+    invalid form, 409 for an archived or busy session, 503 when Redis is down."""
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    form = ChatPostForm(request.POST)
+    if not form.is_valid():
+        problems = [str(error) for errors in form.errors.values() for error in errors]
+        return _refused("invalid", " ".join(problems), status=400, details={"fields": form.errors.get_json_data()})
+    sender = form.cleaned_data["sender"].strip() or request.user.get_username()
+    try:
+        turn = turn_post_streamed(session=chat_session, content=form.cleaned_data["content"], sender=sender,
+                                  platform=PLATFORM)
+    except SessionBusy as exc:
+        return _refused(exc.code, "The kin is still answering an earlier message of this session. Send yours "
+                                  "again in a moment.", status=exc.status)
+    except (services.SessionArchived, ServiceUnavailable) as exc:
+        return _refused(exc.code, exc.message, status=exc.status, details=exc.details)
+
+    def message_body(message: Event) -> dict:
+        # No turn: the "reply is on its way" hint is for pages read without the stream.
+        return {"id": message.pk, "html": _entries_html([ChatEntry(event=message)])}
+
+    def done_body(done: Turn) -> dict:
+        events = [event for event in (done.user_message, done.reply) if event is not None]
+        return {"turn": done.pk, "message": done.user_message_id, "reply": done.reply_id,
+                "html": _entries_html(_entries_for(chat_session, events))}
+
+    return turn_event_stream(request, turn, done_body=done_body, message_body=message_body)
+
+
+def _entries_html(entries: list[ChatEntry]) -> str:
+    return render_to_string("dashboard/_chat_entries.html", {"entries": entries})
+
+
+def _refused(code: str, message: str, *, status: int, details: dict | None = None) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message, "details": details or {}}}, status=status)
 
 
 def _post_partial(request, chat_session, *, entries, form, error=""):

@@ -3,12 +3,14 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from rest_framework.test import APIClient
 
 from kinsite.llm.providers import OpenAICompatibleProvider, ScriptedProvider, provider_override
 from kinsite.services import api_token_issue
+from sessions_app.turns import events
 from tests.factories import KinFactory, MembershipFactory, SessionFactory, TeamFactory, UserFactory
 from tests.support.fake_openai import FakeOpenAIServer, fake_openai_server
 
@@ -89,6 +91,23 @@ def empty_cache():
     cache.clear()
     yield
     cache.clear()
+
+
+@pytest.fixture
+def empty_turn_events():
+    """No turn events of earlier tests (or of an earlier run, in Redis): turn ids repeat, and a
+    follower reading another test's events for its turn id would see its deltas and end.
+    Not autouse: the modules that stream turns say `pytest.mark.usefixtures("empty_turn_events")`."""
+    def empty():
+        events._memory.clear()
+        if settings.REDIS_URL:
+            client = events._redis_client(settings.REDIS_URL)
+            for key in client.scan_iter(match=events.STREAM_KEY.format(turn_id="*")):
+                client.delete(key)
+
+    empty()
+    yield
+    empty()
 
 
 # --- the LLM, faked (SPEC §10: tests never touch the network) --------------------------------

@@ -87,8 +87,9 @@ def test_page_shows_description_working_memory_and_pending_state(logged_in, chat
     assert 'data-pending="true"' in panel and "Introspection pending" in panel
     assert "No introspection runs yet." in panel
     assert f'action="{checkpoint_url(chat_session)}"' in panel and "Checkpoint now</button>" in panel
-    # Nothing queued: the panel does not poll.
-    assert "hx-trigger=" not in panel.split("<div", 1)[0]
+    # Nothing queued: the panel does not poll; it refreshes after each chat turn (chat.js's chat-posted).
+    assert 'hx-trigger="chat-posted from:body"' in panel.split("<div", 1)[0]
+    assert 'data-polling="false"' in panel and "every 2s" not in panel
 
 
 def test_empty_notes_say_so(logged_in, chat_session):
@@ -258,7 +259,8 @@ def test_a_queued_run_is_shown_and_the_panel_polls_until_it_ends(logged_in, chat
     run = IntrospectionRun.objects.get()
     assert (run.trigger, run.status) == ("checkpoint", "pending")
     assert 'data-run-status="pending"' in panel and "Queued." in panel
-    assert f'hx-get="{panel_url(chat_session)}?runs=10"' in panel and 'hx-trigger="every 2s"' in panel
+    assert f'hx-get="{panel_url(chat_session)}?runs=10"' in panel
+    assert 'hx-trigger="chat-posted from:body, every 2s"' in panel and 'data-polling="true"' in panel
     # A second click reuses the queued run.
     logged_in.post(checkpoint_url(chat_session))
     assert IntrospectionRun.objects.count() == 1
