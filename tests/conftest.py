@@ -102,7 +102,7 @@ def empty_turn_events():
         events._memory.clear()
         if settings.REDIS_URL:
             client = events._redis_client(settings.REDIS_URL)
-            for key in client.scan_iter(match=events.STREAM_KEY.format(turn_id="*")):
+            for key in client.scan_iter(match=events.STREAM_KEY.format(stream="*")):
                 client.delete(key)
 
     empty()

@@ -164,6 +164,15 @@
       toolCall(pending, data);
     } else if (event.name === "tool_result") {
       toolResult(pending, data);
+    } else if (event.name === "reset") {
+      // The turn runs again from the start (its process stopped): what was shown of it goes.
+      pending.text.textContent = "";
+      if (pending.steps) {
+        pending.steps.remove();
+      }
+      pending.steps = null;
+      pending.byId = {};
+      pending.reply.classList.add("awaiting");
     } else if (event.name === "done") {
       replaceWith([pending.message, pending.reply], data.html);
       scrollToNewest();
