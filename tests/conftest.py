@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 
 from kinsite.llm.providers import OpenAICompatibleProvider, ScriptedProvider, provider_override
 from kinsite.services import api_token_issue
+from sessions_app.turns import events as turn_events
 from tests.factories import KinFactory, MembershipFactory, SessionFactory, TeamFactory, UserFactory
 from tests.support.fake_openai import FakeOpenAIServer, fake_openai_server
 
@@ -84,11 +85,14 @@ def anon_client():
 
 @pytest.fixture
 def empty_cache():
-    """Queued markers and locks of earlier tests must not name this test's rows (ids repeat).
-    Not autouse: the modules that need it say `pytestmark = pytest.mark.usefixtures("empty_cache")`."""
+    """Queued markers, locks and turn event streams of earlier tests must not name this test's
+    rows (ids repeat). Not autouse: the modules that need it say
+    `pytestmark = pytest.mark.usefixtures("empty_cache")`."""
     cache.clear()
+    turn_events._memory.clear()  # the SQLite pass's event streams (with Redis, the cache's database holds them)
     yield
     cache.clear()
+    turn_events._memory.clear()
 
 
 # --- the LLM, faked (SPEC §10: tests never touch the network) --------------------------------
