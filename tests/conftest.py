@@ -86,11 +86,14 @@ def anon_client():
 
 @pytest.fixture
 def empty_cache():
-    """Queued markers and locks of earlier tests must not name this test's rows (ids repeat).
-    Not autouse: the modules that need it say `pytestmark = pytest.mark.usefixtures("empty_cache")`."""
+    """Queued markers, locks and turn event streams of earlier tests must not name this test's
+    rows (ids repeat). Not autouse: the modules that need it say
+    `pytestmark = pytest.mark.usefixtures("empty_cache")`."""
     cache.clear()
+    events._memory.clear()  # the SQLite pass's event streams (with Redis, the cache's database holds them)
     yield
     cache.clear()
+    events._memory.clear()
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS
 
+from kinsite.api.renderers import EventStreamRenderer
+
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
     target_class = "kinsite.api.auth.BearerTokenAuthentication"
@@ -66,3 +68,13 @@ class KinsiteAutoSchema(AutoSchema):
                 response.update(self._get_response_for_code(ErrorResponseSerializer, code), description=description)
         operation["responses"] = dict(sorted(responses.items()))
         return operation
+
+    def map_renderers(self, attribute):
+        """The media types of the automatic responses (and the ?format= choices). Not
+        text/event-stream: its renderer only lets DRF accept it, a view answers the stream
+        itself and declares it ((200, "text/event-stream") in @extend_schema), and every
+        other answer of such a view, errors included, is JSON (EventStreamMixin)."""
+        found = super().map_renderers(attribute)
+        if attribute == "media_type":
+            return [media_type for media_type in found if media_type != EventStreamRenderer.media_type]
+        return found

@@ -1,8 +1,8 @@
 """API views for kins, sessions, messages, imports, history search, chat turns and the prompt preview."""
 from django.shortcuts import get_object_or_404
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import NotAcceptable
 from rest_framework.generics import ListAPIView
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -50,8 +50,20 @@ TURN_EVENTS_DESCRIPTION = (
     "{id, name, arguments} and `tool_result` {id, name, content} as the turn runs; then exactly one of "
     "`done` (the 201 answer's JSON: message, reply, turn, and new_session_id/new_session after /new) or "
     "`error` ({error: {code, message, details}}; details.turn, details.message, details.stored true). "
-    "Each event has an id; send the last one back as Last-Event-ID to resume after it."
+    "Each event has an id; send the last one back as Last-Event-ID to resume after it. Comment lines "
+    "(`: keep-alive`) keep an idle stream open."
 )
+# One event of such a stream, as its `id:`, `event:` and `data:` lines (OpenAPI 3.0 has a
+# text/event-stream schema describe each event, not the whole body).
+TURN_STREAM_EVENT = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "The event's id, to send back as Last-Event-ID."},
+        "event": {"type": "string", "enum": ["message", "delta", "tool_call", "tool_result", "done", "error"]},
+        "data": {"type": "string", "description": "The event's JSON object, on one line (see above)."},
+    },
+    "required": ["id", "event", "data"],
+}
 
 
 def turn_posted_body(turn: Turn) -> dict:
@@ -139,8 +151,9 @@ class SessionMessageListView(EventStreamMixin, ListAPIView):
         responses={
             201: OpenApiResponse(TURN_POSTED, description="The turn ran: the stored message, the reply, the turn."),
             (200, EventStreamRenderer.media_type): OpenApiResponse(
-                OpenApiTypes.STR,
-                description="Accept: text/event-stream: the turn as it runs. " + TURN_EVENTS_DESCRIPTION,
+                TURN_STREAM_EVENT,
+                description="Accept: text/event-stream (or ?format=sse): the turn as it runs. "
+                            + TURN_EVENTS_DESCRIPTION,
             ),
             202: OpenApiResponse(TURN_QUEUED, description="?async=1: the queued turn, to poll at /turns/{id}/."),
             502: OpenApiResponse(description="The model failed; the message is stored and the turn says why."),
@@ -181,19 +194,30 @@ class TurnDetailView(APIView):
 class TurnEventsView(EventStreamMixin, APIView):
     """GET: follow a turn as server-sent events (a running ?async=1 turn, or any other)."""
 
-    renderer_classes = [EventStreamRenderer, JSONRenderer]  # the stream, whatever the client accepts
+    # The stream for any client that takes it (no Accept, */*, text/event-stream); JSON is
+    # here for the errors, and for the 406 a client asking for JSON only gets.
+    renderer_classes = [EventStreamRenderer, JSONRenderer]
 
     @extend_schema(
         parameters=[OpenApiParameter("Last-Event-ID", str, OpenApiParameter.HEADER, required=False,
                                      description="Resume after this event.")],
-        responses={(200, EventStreamRenderer.media_type): OpenApiResponse(
-            OpenApiTypes.STR,
-            description="The turn's events; a finished turn answers `message` and `done` (or `error`) at once. "
-                        + TURN_EVENTS_DESCRIPTION,
-        )},
+        responses={
+            (200, EventStreamRenderer.media_type): OpenApiResponse(
+                TURN_STREAM_EVENT,
+                description="The turn's events; a finished turn answers `message` and `done` (or `error`) "
+                            "at once. " + TURN_EVENTS_DESCRIPTION,
+            ),
+            406: OpenApiResponse(description="?format=json, or an Accept header without text/event-stream: "
+                                             "this endpoint only streams. GET /turns/{id}/ is the turn as JSON."),
+        },
     )
     def get(self, request, turn_id):
         turn = get_object_or_404(Turn, session__kin__team=request_team(request), pk=turn_id)
+        if not self.wants_event_stream(request):
+            raise NotAcceptable(
+                f"This endpoint answers server-sent events only (Accept: text/event-stream, or ?format=sse); "
+                f"GET /api/v1/turns/{turn.pk}/ gives the turn as JSON."
+            )
         return _follow_turn(request, turn)
 
 

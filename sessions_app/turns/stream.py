@@ -76,7 +76,15 @@ def turn_post_streamed(*, session: Session, content: str, sender: str = "",
     Raises what a sync post raises before storing anything (ServiceUnavailable when Redis,
     holding the session locks, is down; SessionBusy when the session stayed busy). Once the
     turn is returned, its outcome (reply or failure) is stored by the thread whatever happens
-    to the caller; follow it with turn_event_stream."""
+    to the caller; follow it with turn_event_stream.
+
+    Called inside a transaction (ATOMIC_REQUESTS, or a test's), the turn runs in the caller's
+    thread instead and is over when this returns; its stream then sends every event at once.
+    The thread's own database connection could not see the transaction's uncommitted rows
+    (the session itself may be one), and on SQLite's shared-cache test database it cannot
+    even write to a table the transaction has written to."""
+    if connection.in_atomic_block:
+        return _turn_post_here(session=session, content=content, sender=sender, platform=platform)
     handoff: queue.Queue[Turn | BaseException] = queue.Queue(maxsize=1)
     opened = threading.Event()
 
@@ -90,11 +98,8 @@ def turn_post_streamed(*, session: Session, content: str, sender: str = "",
         except BaseException as exc:
             if not opened.is_set():
                 handoff.put(exc)
-            elif getattr(exc, "status", 500) >= 500 and not hasattr(exc, "code"):
-                logger.exception("A streamed turn of session %s failed", session.pk)
             else:
-                # The turn stored its failure; the stream's error event says it.
-                logger.info("A streamed turn of session %s failed: %s", session.pk, exc)
+                _log_turn_failure(session, exc)
         finally:
             connection.close()
 
@@ -103,6 +108,27 @@ def turn_post_streamed(*, session: Session, content: str, sender: str = "",
     if isinstance(result, BaseException):
         raise result
     return result
+
+
+def _turn_post_here(*, session: Session, content: str, sender: str, platform: str) -> Turn:
+    """turn_post_streamed in the caller's thread: what failed before the turn was stored is
+    raised; a failure after it is stored on the turn, for the stream's error event."""
+    opened: list[Turn] = []
+    try:
+        turn_post(session=session, content=content, sender=sender, platform=platform, opened=opened.append)
+    except Exception as exc:
+        if not opened:
+            raise
+        _log_turn_failure(session, exc)
+    return opened[0]
+
+
+def _log_turn_failure(session: Session, exc: BaseException) -> None:
+    if getattr(exc, "status", 500) >= 500 and not hasattr(exc, "code"):
+        logger.error("A streamed turn of session %s failed", session.pk, exc_info=exc)
+    else:
+        # The turn stored its failure; the stream's error event says it.
+        logger.info("A streamed turn of session %s failed: %s", session.pk, exc)
 
 
 def turn_event_stream(request, turn: Turn, *, done_body: DoneBody, message_body: MessageBody,

@@ -59,4 +59,9 @@ def test_async_posts_to_one_session_are_answered_in_post_order_by_two_workers(
         earlier = texts[:n]
         assert conversation == ([f"[Maria] {text}" for text in earlier] + [f"echo: [Maria] {text}" for text in earlier]
                                 + [f"[Maria] {texts[n]}"])
-    assert all("run_turn_task" in worker.log() and "succeeded" in worker.log() for worker in started)
+    # Each worker ran a turn task to its end. A worker logs a task's success only after the turn
+    # it ran is stored and its lock released, and one that waited for the session's lock while
+    # the other answered every turn logs its first success after the last turn is done: wait.
+    wait_for(lambda: all("run_turn_task" in worker.log() and "succeeded" in worker.log() for worker in started),
+             seconds=WORK_SECONDS, what="each worker to log a turn task that succeeded", workers=started)
+    assert not any("raised unexpected" in worker.log() for worker in started)
