@@ -47,7 +47,9 @@ HISTORY_SEARCH_RESULTS = inline_serializer("HistorySearchResults", {"results": H
 CHECKPOINT_QUEUED = inline_serializer("CheckpointQueued", {"run": IntrospectionRunSerializer()})
 TURN_EVENTS_DESCRIPTION = (
     "Server-sent events: `message` (the stored user message) first; then `delta` {text}, `tool_call` "
-    "{id, name, arguments} and `tool_result` {id, name, content} as the turn runs; then exactly one of "
+    "{id, name, arguments} and `tool_result` {id, name, content} as the turn runs (and `reset` {attempt} "
+    "when the turn runs again from the start after its process stopped: drop the text and tool events "
+    "received so far); then exactly one of "
     "`done` (the 201 answer's JSON: message, reply, turn, and new_session_id/new_session after /new) or "
     "`error` ({error: {code, message, details}}; details.turn, details.message, details.stored true). "
     "Each event has an id; send the last one back as Last-Event-ID to resume after it. Comment lines "
@@ -59,7 +61,7 @@ TURN_STREAM_EVENT = {
     "type": "object",
     "properties": {
         "id": {"type": "string", "description": "The event's id, to send back as Last-Event-ID."},
-        "event": {"type": "string", "enum": ["message", "delta", "tool_call", "tool_result", "done", "error"]},
+        "event": {"type": "string", "enum": ["message", "delta", "tool_call", "tool_result", "reset", "done", "error"]},
         "data": {"type": "string", "description": "The event's JSON object, on one line (see above)."},
     },
     "required": ["id", "event", "data"],

@@ -205,7 +205,7 @@ def test_the_schema_declares_event_streams_only_where_the_api_streams(api_client
         assert event["type"] == "object" and event["required"] == ["id", "event", "data"]
         assert event["properties"]["data"]["type"] == "string"  # the event's JSON, as sent
         assert set(event["properties"]["event"]["enum"]) == {
-            "message", "delta", "tool_call", "tool_result", "done", "error",
+            "message", "delta", "tool_call", "tool_result", "reset", "done", "error",
         }
     events_answers = schema["paths"]["/api/v1/turns/{turn_id}/events/"]["get"]["responses"]
     assert list(events_answers["406"]["content"]) == ["application/json"]
