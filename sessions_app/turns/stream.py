@@ -171,6 +171,8 @@ class _TurnFollower:
         self.ended = False  # the turn's END event was read
         self.error_code = ""  # the END event's, for the error event
         self.idle_since = time.monotonic()
+        # A turn already finished has published all its events: read them without waiting.
+        self.wait_seconds = 0 if turn.status not in UNFINISHED else POLL_SECONDS
 
     def opening(self) -> list[bytes]:
         if self.resumed:
@@ -245,7 +247,7 @@ def _sync_stream(follower: _TurnFollower) -> Iterator[bytes]:
     try:
         yield from follower.opening()
         while not follower.ended:
-            events = turn_events_read(follower.turn, after=follower.last_id, timeout=POLL_SECONDS)
+            events = turn_events_read(follower.turn, after=follower.last_id, timeout=follower.wait_seconds)
             yield from follower.take(events)
             if events:
                 continue
@@ -266,7 +268,7 @@ async def _async_stream(follower: _TurnFollower) -> AsyncIterator[bytes]:
         for chunk in await sync_to_async(follower.opening)():
             yield chunk
         while not follower.ended:
-            events = await turn_events_aread(follower.turn, after=follower.last_id, timeout=POLL_SECONDS)
+            events = await turn_events_aread(follower.turn, after=follower.last_id, timeout=follower.wait_seconds)
             for chunk in follower.take(events):
                 yield chunk
             if events:
