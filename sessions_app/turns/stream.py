@@ -120,7 +120,7 @@ def _turn_post_here(*, session: Session, content: str, sender: str, platform: st
         if not opened:
             raise
         _log_turn_failure(session, exc)
-    return opened[0]
+    return Turn.objects.get(pk=opened[0].pk)  # as it ended
 
 
 def _log_turn_failure(session: Session, exc: BaseException) -> None:
