@@ -15,6 +15,7 @@ from kinsite.views import render_partial_or_page, team_required
 from memories import search, selectors, services
 from memories.api.serializers import MEMORY_CONTENT_MAX_CHARS
 from memories.models import Memory
+from memories.reembed import reembed_kin_progress
 
 MEMORIES_PER_PAGE = 50
 STATUS_ALL = "all"
@@ -63,6 +64,7 @@ def memory_list(request, kin_id: int):
         "hits": None,
         "page": None,
         "add_form": MemoryAddForm(),
+        "reembedding": reembed_kin_progress(team=request.team, kin=kin),
     }
     if q and memory_status == Memory.Status.ACTIVE:
         context["hits"] = search.memory_search(
