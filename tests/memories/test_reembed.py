@@ -10,6 +10,7 @@ from io import StringIO
 
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
+from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
@@ -24,7 +25,7 @@ from memories.models import EmbeddingRun, Memory
 from memories.ranking import vector_to_bytes
 from memories.reembed import REEMBED_JOBS, reembed_check, reembed_run, reembed_start
 from memories.search import memory_search
-from tests.factories import KinFactory, MemoryFactory, UserFactory
+from tests.factories import KinFactory, MembershipFactory, MemoryFactory, UserFactory
 from tests.support.clock import age
 
 pytestmark = pytest.mark.usefixtures("private_cache")
@@ -346,6 +347,17 @@ def test_admin_lists_runs_read_only_with_progress_and_a_status_filter(client, db
     run = EmbeddingRun.objects.get(model="embed-old")
     assert client.get(reverse("admin:memories_embeddingrun_add")).status_code == 403
     assert client.post(reverse("admin:memories_embeddingrun_delete", args=[run.pk]), {"post": "yes"}).status_code == 403
+
+
+def test_staff_who_are_not_superusers_see_no_runs(client, team):
+    # Runs span every team's memories (team sizes, model names): no team owns them.
+    EmbeddingRun.objects.create(model="embed-secret", status="running", total=5, done=2)
+    staff = UserFactory(is_staff=True)
+    staff.user_permissions.set(Permission.objects.all())
+    MembershipFactory(team=team, user=staff, role="admin")
+    client.force_login(staff)
+    response = client.get(reverse("admin:memories_embeddingrun_changelist"))
+    assert response.status_code in (200, 403) and "embed-secret" not in response.content.decode()
 
 
 def test_dashboard_shows_the_progress_for_the_kins_memories_while_a_run_goes(
