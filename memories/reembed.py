@@ -47,9 +47,13 @@ MAX_ATTEMPTS = 3
 
 
 def memories_to_reembed(model: str):
-    """Active memories without a vector of `model` (a Memory queryset)."""
+    """Active memories without a vector of `model` (a Memory queryset). A memory without a
+    vector has embedding_model "" (the services write both together), which sorts before
+    any model. Written as two ranges rather than "<>", which no index serves: PostgreSQL
+    reads them from the partial index memory_active_embed_model, so the beat check does
+    not scan every active memory once all are up to date."""
     return Memory.objects.filter(status=Memory.Status.ACTIVE).filter(
-        Q(embedding__isnull=True) | ~Q(embedding_model=model)
+        Q(embedding_model__lt=model) | Q(embedding_model__gt=model)
     )
 
 
