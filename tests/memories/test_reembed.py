@@ -409,3 +409,17 @@ def test_the_command_shows_the_status_and_starts_a_run(embedder, memories_of_a, 
     out = StringIO()
     call_command("reembed_memories", stdout=out)
     assert "without a vector of it: 0" in out.getvalue() and "done, 5 of 5" in out.getvalue()
+
+
+@pytest.mark.postgres
+def test_the_check_reads_the_partial_index_instead_of_every_active_memory(team, kin):
+    from django.db import connection
+
+    Memory.objects.bulk_create(
+        [Memory(team=team, kin=kin, content=f"memory {i}", embedding_model="embed-b") for i in range(3000)]
+        + [Memory(team=team, kin=kin, content="left behind", embedding_model="embed-a")]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memories_memory")
+    plan = reembed.memories_to_reembed("embed-b").order_by().explain()
+    assert "Index Cond" in plan and "memory_active_embed_model" in plan, plan
