@@ -51,6 +51,13 @@ app.conf.beat_schedule = {
         "task": "consolidation.tasks.consolidate_nightly_task",
         "schedule": crontab(minute="*/15"),
     },
+    # Every 5 minutes: when the embedding model changed (LLM_EMBEDDING_MODEL), or active
+    # memories lack a vector, start one re-embedding run for the current model (memories.reembed);
+    # the run works in slices and resumes from its cursor.
+    "reembed-memories": {
+        "task": "memories.tasks.reembed_check_task",
+        "schedule": crontab(minute="*/5"),
+    },
 }
 
 

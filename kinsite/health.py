@@ -1,10 +1,31 @@
-"""GET /healthz: database and broker status, no auth. 200 when both answer, else 503."""
+"""GET /healthz: database and broker status, no auth. 200 when both answer, else 503.
+Apps add sections of their own (health_sections_register in their AppConfig.ready(), so
+this module imports no app): informational, they never make the answer a 503."""
+import logging
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
+
+logger = logging.getLogger(__name__)
+
+_sections: dict[str, Callable[[], dict]] = {}
+
+
+def health_sections_register(name: str, report: Callable[[], dict]) -> None:
+    """Called by an app's ready(): /healthz shows `report()` under `name`."""
+    _sections[name] = report
+
+
+def _section(report: Callable[[], dict]) -> dict:
+    try:
+        return report()
+    except Exception as exc:  # the database down: its own check says so; the section says why it is empty
+        logger.warning("A /healthz section failed", exc_info=True)
+        return {"error": str(exc)[:300]}
 
 
 def _check_database() -> dict:
@@ -42,4 +63,6 @@ def healthz(request):
     broker = _check_broker()
     healthy = database["ok"] and broker["ok"]
     body = {"status": "ok" if healthy else "unavailable", "database": database, "broker": broker}
+    for name, report in _sections.items():
+        body[name] = _section(report)
     return JsonResponse(body, status=200 if healthy else 503)

@@ -10,7 +10,7 @@ from django.contrib import admin, messages
 
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from memories import services
-from memories.models import Memory, MemoryChange
+from memories.models import EmbeddingRun, Memory, MemoryChange
 
 
 def _actor(request) -> services.Actor:
@@ -83,3 +83,22 @@ class MemoryChangeAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     raw_id_fields = ["memory"]
     list_select_related = ["memory"]
     show_full_result_count = False
+
+
+@admin.register(EmbeddingRun)
+class EmbeddingRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Re-embedding runs (memories.reembed), read-only: the beat check starts them and
+    `manage.py reembed_memories` shows or starts one. No team owns them: superusers only."""
+
+    list_display = ["id", "model", "status", "progress", "attempts", "created_at", "started_at", "finished_at"]
+    list_filter = ["status"]
+    search_fields = ["model"]
+    fields = ["model", "status", "progress", "total", "done", "cursor", "attempts", "error", "created_at",
+              "started_at", "finished_at"]
+    readonly_fields = fields
+    show_full_result_count = False
+
+    @admin.display(description="progress")
+    def progress(self, run):
+        percent = 100 if not run.total else min(100, round(100 * run.done / run.total))
+        return f"{min(run.done, run.total)} of {run.total} ({percent}%)"

@@ -40,6 +40,15 @@ def memory_embed(*, team: Team, kin: Kin | None, text: str, purpose: str) -> Emb
     return Embedding(vector=tuple(float(x) for x in vector), model=_embedding_model_name(provider))
 
 
+def embedding_model_current() -> str:
+    """The model that makes new vectors, "" when the default provider has no embedder: the
+    model search compares with and re-embedding brings every active memory to."""
+    provider = get_default_provider()
+    if not getattr(provider, "supports_embeddings", False):
+        return ""
+    return _embedding_model_name(provider)
+
+
 def _embedding_model_name(provider) -> str:
     # Vectors of different models are not comparable; rows record which model made theirs.
     return (getattr(provider, "embedding_model", "") or f"{provider.name}-embedding")[:200]

@@ -55,6 +55,8 @@ class Memory(models.Model):
         indexes = [
             models.Index(fields=["team", "kin", "status"], name="memory_scope_status"),
             models.Index(fields=["team", "status", "subject"], name="memory_subject"),
+            # The re-embedding check: active memories whose vector another model made.
+            models.Index(fields=["embedding_model"], condition=Q(status="active"), name="memory_active_embed_model"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(importance__gte=1, importance__lte=10), name="memory_importance_1_10"),
@@ -93,3 +95,46 @@ class MemoryChange(models.Model):
 
     def __str__(self):
         return f"{self.action} memory {self.memory_id} by {self.actor}"
+
+
+class EmbeddingRun(models.Model):
+    """Re-embedding the active memories whose vector another model made (or that have none)
+    with `model`, the configured embedding model: a job of kinsite.jobs, worked in slices of
+    batches by ascending memory id, so it resumes from `cursor` after any stop."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    model = models.CharField(max_length=200)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    # Memories to re-embed when the run was created, and how many it has gone past so far.
+    total = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
+    # The id of the last memory the run went past; the next slice starts after it.
+    cursor = models.BigIntegerField(default=0)
+    # Starts since the run last moved its cursor: a worker that dies on the same batch again
+    # and again fails the run instead of looping (the stalled sweep reads it).
+    attempts = models.PositiveSmallIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["id"], condition=Q(status="pending"), name="embedding_run_pending"),
+            models.Index(fields=["started_at"], condition=Q(status="running"), name="embedding_run_running"),
+            models.Index(fields=["model", "created_at"], name="embedding_run_model"),
+        ]
+        constraints = [
+            # One run at a time per model: the beat check and the command may race to start one.
+            models.UniqueConstraint(fields=["model"], condition=Q(status__in=["pending", "running"]),
+                                    name="embedding_run_one_active_per_model"),
+        ]
+
+    def __str__(self):
+        return f"Re-embedding with {self.model} ({self.status}, {self.done} of {self.total})"

@@ -11,10 +11,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
 from kinsite.selectors import kin_get
-from kinsite.views import render_partial_or_page, team_required
+from kinsite.views import render_partial_or_page, team_required, wants_partial
 from memories import search, selectors, services
 from memories.api.serializers import MEMORY_CONTENT_MAX_CHARS
 from memories.models import Memory
+from memories.reembed import reembed_kin_progress
 
 MEMORIES_PER_PAGE = 50
 STATUS_ALL = "all"
@@ -63,6 +64,8 @@ def memory_list(request, kin_id: int):
         "hits": None,
         "page": None,
         "add_form": MemoryAddForm(),
+        # Only the full page shows it: the partial swapped in as the user types leaves it out.
+        "reembedding": None if wants_partial(request) else reembed_kin_progress(team=request.team, kin=kin),
     }
     if q and memory_status == Memory.Status.ACTIVE:
         context["hits"] = search.memory_search(

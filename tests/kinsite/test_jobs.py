@@ -49,7 +49,9 @@ def lost(queryset) -> None:
 
 
 def test_every_kind_of_job_is_swept():
-    assert {kind.name for kind in job_kinds()} == {"turn", "introspection", "compaction", "consolidation"}
+    assert {kind.name for kind in job_kinds()} == {
+        "turn", "introspection", "compaction", "consolidation", "embedding-run",
+    }
 
 
 def test_the_two_sweeps_run_every_minute():

@@ -1,0 +1,220 @@
+"""Re-embedding: when the embedding model changes (LLM_EMBEDDING_MODEL), the active memories
+whose vector another model made, or that have none, get one of the new model in the
+background. Until that is done search compares only vectors of the current model
+(memories.search.vectors), so results never mix models; they lack the others for a while.
+
+The beat check (reembed_check) starts one EmbeddingRun per model; the run's task
+(reembed_run) works in slices: it embeds batches by ascending memory id from the run's
+cursor, writes each batch's vectors with the cursor in one transaction, and before the
+Celery soft limit puts the run back to pending and sends itself again. A killed worker's
+run is taken over by the stalled sweep of kinsite.jobs, like any other job."""
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from itertools import groupby
+
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from kinsite.cachelock import cache_lock
+from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit
+from kinsite.llm.gateway import llm_embed
+from kinsite.llm.providers import get_default_provider
+from kinsite.models import Kin, Team
+from memories import ranking, selectors
+from memories.embeddings import embedding_model_current
+from memories.models import EmbeddingRun, Memory
+
+logger = logging.getLogger(__name__)
+
+Status = EmbeddingRun.Status
+LOCK_KEY = "kinsite:embedding-run:{run_id}"
+PURPOSE = "memory_reembed"
+# Texts per embedding call (the gateway takes a list); one transaction writes them.
+BATCH_SIZE = 64
+# A failed run is not started again for its model before this, so an embedding endpoint
+# that is down costs one failed run per half hour, not one per beat.
+RETRY_FAILED_AFTER = timedelta(minutes=30)
+# A slice ends this long before Celery's soft time limit, with time to write its last batch.
+SLICE_MARGIN_SECONDS = 60
+# Starts without moving the cursor after which a stalled run is failed rather than run again.
+MAX_ATTEMPTS = 3
+
+
+def memories_to_reembed(model: str):
+    """Active memories without a vector of `model` (a Memory queryset). A memory without a
+    vector has embedding_model "" (the services write both together), which sorts before
+    any model. Written as two ranges rather than "<>", which no index serves: PostgreSQL
+    reads them from the partial index memory_active_embed_model, so the beat check does
+    not scan every active memory once all are up to date."""
+    return Memory.objects.filter(status=Memory.Status.ACTIVE).filter(
+        Q(embedding_model__lt=model) | Q(embedding_model__gt=model)
+    )
+
+
+def reembed_run_active(model: str | None = None) -> EmbeddingRun | None:
+    """The pending or running run for `model` (the current embedding model by default)."""
+    model = embedding_model_current() if model is None else model
+    if not model:
+        return None
+    return EmbeddingRun.objects.filter(model=model, status__in=[Status.PENDING, Status.RUNNING]).first()
+
+
+def reembed_check() -> EmbeddingRun | None:
+    """Beat's check: start a run for the current embedding model when some active memory
+    lacks a vector of it and no run for it is going; the new run, else None. A run that
+    failed recently for the model is not followed by another one until RETRY_FAILED_AFTER."""
+    model = embedding_model_current()
+    if not model or reembed_run_active(model) is not None:
+        return None
+    recent_failure = EmbeddingRun.objects.filter(
+        model=model, status=Status.FAILED, finished_at__gte=timezone.now() - RETRY_FAILED_AFTER
+    ).exists()
+    if recent_failure or not memories_to_reembed(model).exists():
+        return None
+    return reembed_start(model=model)
+
+
+def reembed_start(*, model: str) -> EmbeddingRun:
+    """A pending run for `model`, its task sent after commit; the one already going if any
+    (one run per model, a unique constraint, so a racing check finds the other's run)."""
+    running = reembed_run_active(model)
+    if running is not None:
+        return running
+    try:
+        with transaction.atomic():
+            run = EmbeddingRun.objects.create(model=model, total=memories_to_reembed(model).count())
+            job_send_on_commit(REEMBED_JOBS, run.pk)
+    except IntegrityError:
+        return reembed_run_active(model)
+    logger.info("Re-embedding %d memories with %s (run %s)", run.total, model, run.pk)
+    return run
+
+
+def reembed_run(*, run_id: int) -> EmbeddingRun | None:
+    """The run's task: claim it and embed batches from its cursor until it is done, fails,
+    or its slice of time ends (then it is pending again and its task is sent again); the
+    run, None when it is gone. Idempotent: a run that is not pending is left alone, and a
+    second delivery while the first works finds the run's lock taken."""
+    with cache_lock(LOCK_KEY.format(run_id=run_id), owner=f"embedding-run:{run_id}") as holder:
+        if holder is not None or not job_claim(REEMBED_JOBS, run_id):
+            return EmbeddingRun.objects.filter(pk=run_id).first()
+        run = EmbeddingRun.objects.get(pk=run_id)
+        deadline = time.monotonic() + max(settings.CELERY_TASK_SOFT_TIME_LIMIT - SLICE_MARGIN_SECONDS, 0)
+        try:
+            finished = _work(run, deadline=deadline)
+        except SoftTimeLimitExceeded:
+            finished = False  # the batch in hand is lost, the ones written stay; the next slice goes on
+        except Exception as exc:
+            logger.warning("Re-embedding run %s failed", run.pk, exc_info=True)
+            _close(run, status=Status.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000])
+            return run
+        if finished:
+            _close(run, status=Status.DONE)
+            logger.info("Re-embedding run %s with %s is done", run.pk, run.model)
+            return run
+        EmbeddingRun.objects.filter(pk=run.pk, status=Status.RUNNING).update(status=Status.PENDING, started_at=None)
+    # Outside the lock: eager Celery runs the next slice right here, and it takes the lock.
+    job_send_on_commit(REEMBED_JOBS, run.pk)
+    return run
+
+
+def _work(run: EmbeddingRun, *, deadline: float) -> bool:
+    """Embed and write batches until none is left (True) or the deadline passes (False;
+    at least one batch per slice).
+    Raises when the model changed meanwhile or an embedding call fails."""
+    provider = get_default_provider()
+    while True:
+        current = embedding_model_current()
+        if current != run.model:
+            raise RuntimeError(f"The embedding model changed to {current or 'none'!r}; a run for it takes over.")
+        batch = list(
+            memories_to_reembed(run.model).filter(id__gt=run.cursor).order_by("id")
+            .values_list("id", "team_id", "content")[:BATCH_SIZE]
+        )
+        if not batch:
+            return True
+        # One call per team in the batch, so each team's LLMCall rows count its own texts.
+        teams = Team.objects.in_bulk({team_id for _, team_id, _ in batch})
+        vectors = {}
+        for team_id, rows in groupby(sorted(batch, key=lambda row: (row[1], row[0])), key=lambda row: row[1]):
+            rows = list(rows)
+            embedded = llm_embed(purpose=PURPOSE, texts=[content for _, _, content in rows],
+                                 team=teams[team_id], provider=provider)
+            if len(embedded) != len(rows):
+                raise RuntimeError(f"The embedding endpoint returned {len(embedded)} vectors for {len(rows)} texts.")
+            for (memory_id, _, content), vector in zip(rows, embedded, strict=True):
+                vectors[memory_id] = (content, vector)
+        _write(run, batch_last=batch[-1][0], count=len(batch), vectors=vectors)
+        if time.monotonic() >= deadline:
+            return False
+
+
+@transaction.atomic
+def _write(run: EmbeddingRun, *, batch_last: int, count: int, vectors: dict) -> None:
+    """One batch: the vectors, then the cursor and count, in one transaction. A memory whose
+    content changed since it was read, or that got a vector of the model meanwhile (a write
+    embeds with the current model), keeps what it has: `.update()` also leaves updated_at
+    alone, so re-embedding does not make memories look recent to ranking."""
+    for memory_id, (content, vector) in vectors.items():
+        if not vector:
+            continue  # the endpoint had no vector for it: it stays for the next run
+        memories_to_reembed(run.model).filter(pk=memory_id, content=content).update(
+            embedding=ranking.vector_to_bytes([float(x) for x in vector]), embedding_model=run.model
+        )
+    run.cursor, run.done = batch_last, run.done + count
+    EmbeddingRun.objects.filter(pk=run.pk, status=Status.RUNNING).update(cursor=run.cursor, done=run.done, attempts=0)
+
+
+def _close(run: EmbeddingRun, *, status: str, error: str = "") -> None:
+    run.status, run.error, run.finished_at = status, error, timezone.now()
+    EmbeddingRun.objects.filter(pk=run.pk, status=Status.RUNNING).update(
+        status=status, error=error, finished_at=run.finished_at
+    )
+
+
+def _stalled_run_error(run: EmbeddingRun) -> str | None:
+    """A stalled run, its lock free, runs again from its cursor (each batch was written with
+    it), unless it started MAX_ATTEMPTS times without moving it."""
+    if run.attempts < MAX_ATTEMPTS:
+        return None
+    return (f"Interrupted: the worker running it stopped {run.attempts} times without finishing a batch, so it is "
+            f"not run again. The batches written stay; the next check starts a new run for the rest.")
+
+
+REEMBED_JOBS = JobKind(
+    name="embedding-run", label="re-embedding runs", model="memories.EmbeddingRun",
+    task="memories.tasks.reembed_run_task",
+    free=lambda run: cache_key_free(LOCK_KEY.format(run_id=run.pk)), give_up=_stalled_run_error,
+    reads=("attempts",), counts_attempts=True,
+)
+
+
+def reembed_progress() -> dict:
+    """What /healthz shows: the current embedding model, and the run re-embedding memories
+    with it ({"run", "status", "done", "total"}) or None."""
+    model = embedding_model_current()
+    run = reembed_run_active(model)
+    progress = None
+    if run is not None:
+        progress = {"run": run.pk, "status": run.status, "done": min(run.done, run.total), "total": run.total}
+    return {"model": model or None, "reembedding": progress}
+
+
+def reembed_kin_progress(*, team: Team, kin: Kin) -> dict | None:
+    """The dashboard's notice while a run re-embeds memories with the current model: that
+    model and how many of the kin's active memories (its own and the team-shared ones) have
+    a vector of it, {"model", "done", "total"}; None when no run is going. Counted over the
+    kin's scope, not the run's, which spans every team."""
+    run = reembed_run_active()
+    if run is None:
+        return None
+    counts = selectors.memory_list(team=team, kin=kin, status=Memory.Status.ACTIVE).aggregate(
+        total=Count("id"), done=Count("id", filter=Q(embedding__isnull=False, embedding_model=run.model))
+    )
+    return {"model": run.model, **counts}
