@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django import forms
 from django.conf import settings
@@ -24,6 +25,7 @@ from django.http import JsonResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 
@@ -53,6 +55,9 @@ RUNS_PER_PAGE = 10
 RUNS_MAX = 200
 # While a run is queued or running the panel refreshes itself (htmx) this often.
 RUNS_POLL_SECONDS = 2
+# The panel polls only for runs requested this recently: a run left pending (no worker, a lost
+# task) is the stalled sweep's to settle, not a reason for every open tab to poll forever.
+RUNS_POLL_MAX_AGE = timedelta(minutes=10)
 
 
 def _one_line(value: str) -> None:
@@ -303,11 +308,13 @@ def _introspection_context(chat_session: Session, *, runs_shown: int, checkpoint
     more = len(runs) > runs_shown
     runs = runs[:runs_shown]
     active = (IntrospectionRun.Status.PENDING, IntrospectionRun.Status.RUNNING)
+    poll_since = timezone.now() - RUNS_POLL_MAX_AGE
     return {
         "runs": [run_row(run) for run in runs],
         "runs_shown": runs_shown,
         "more_runs": runs_shown + RUNS_PER_PAGE if more else None,
-        "runs_poll_seconds": RUNS_POLL_SECONDS if any(run.status in active for run in runs) else None,
+        "runs_poll_seconds": RUNS_POLL_SECONDS if any(
+            run.status in active and run.created_at >= poll_since for run in runs) else None,
         # The prompt's conversation state starts from the newest compaction summary.
         "summary": latest_summary(chat_session),
         "introspection_enabled": introspection_settings(chat_session.kin).enabled,

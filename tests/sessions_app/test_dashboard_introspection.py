@@ -3,6 +3,7 @@ description and working memory, whether introspection is pending, "Checkpoint no
 (with and without htmx, through the same service as the API), the recent runs with
 what each changed, older runs, team scoping, escaping and query counts."""
 import re
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -264,6 +265,22 @@ def test_a_queued_run_is_shown_and_the_panel_polls_until_it_ends(logged_in, chat
     # A second click reuses the queued run.
     logged_in.post(checkpoint_url(chat_session))
     assert IntrospectionRun.objects.count() == 1
+
+
+def test_a_run_left_pending_for_long_is_shown_but_not_polled(logged_in, chat_session):
+    """A run no worker took (pending for days) is the stalled sweep's to settle: open tabs
+    show it, but do not poll every 2 s for ever."""
+    old = make_run(chat_session, status=IntrospectionRun.Status.PENDING)
+    IntrospectionRun.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=3))
+
+    panel = panel_of(logged_in.get(page_url(chat_session)).content.decode())
+
+    assert 'data-run-status="pending"' in panel
+    assert 'hx-trigger="chat-posted from:body"' in panel and 'data-polling="false"' in panel
+    # A fresh one beside it is polled again.
+    make_run(chat_session, status=IntrospectionRun.Status.PENDING)
+    panel = panel_of(logged_in.get(page_url(chat_session)).content.decode())
+    assert 'hx-trigger="chat-posted from:body, every 2s"' in panel and 'data-polling="true"' in panel
 
 
 def test_checkpoint_when_introspection_is_disabled(logged_in, chat_session):
