@@ -132,6 +132,9 @@ def test_second_run_reuses_everything_and_prints_the_same_lines(create_demo):
     assert second["token"] != first["token"]  # a fresh token each run, for scripts
     assert row_counts() == {**counts, "kinsite.ApiToken": counts["kinsite.ApiToken"] + 1}
     assert ApiToken.objects.filter(name="create_demo").count() == 2
+    # Only the token printed last still works: scripts/serve runs the command at every start.
+    live = ApiToken.objects.filter(name="create_demo", revoked_at__isnull=True)
+    assert [token.prefix for token in live] == [second["token"][:10]]
 
 
 # Sequences start again at 1, as on a fresh database (PostgreSQL's do not roll back with a test).

@@ -9,7 +9,8 @@ Everything is written through the services, as the API and the dashboard write i
 consolidations are real runs (prompt, validation, apply) whose answers are the demo's
 own, given as the run's model the way `consolidate --llm` gives one.
 
-Idempotent: a second run reuses the rows and creates nothing new (but an API token).
+Idempotent: a second run reuses the rows and creates nothing new but an API token (the
+previous demo token is revoked).
 Before the last line it lists the dashboard pages worth opening; the last line is one
 JSON object with a freshly issued API token, for scripts."""
 import contextlib
@@ -21,8 +22,8 @@ from django.urls import reverse
 
 from consolidation.models import ConsolidationRun, Fact
 from consolidation.services import consolidation_run, fact_record
-from kinsite.models import Kin, Team
-from kinsite.services import api_token_issue, demo_user_ensure, membership_ensure, team_create
+from kinsite.models import ApiToken, Kin, Team
+from kinsite.services import api_token_issue, api_token_revoke, demo_user_ensure, membership_ensure, team_create
 from memories.models import Memory
 from memories.services import Actor, memory_add
 from sessions_app.models import Event, Session
@@ -127,6 +128,9 @@ DEMO_PENDING_FACTS = [
 ]
 
 
+DEMO_TOKEN_NAME = "create_demo"
+
+
 class Command(BaseCommand):
     help = ("Create (or reuse) the demo team, user, kin, session, memories, facts, experience versions and "
             "workflow; list the dashboard pages to open and print a fresh API token as JSON.")
@@ -138,7 +142,10 @@ class Command(BaseCommand):
     def handle(self, *args, base_url, **options):
         with transaction.atomic():
             team, kin, session, workflow, user = self._ensure_demo()
-            _, raw_token = api_token_issue(team=team, name="create_demo", user=user)
+            # One live demo token at a time: the one printed last (scripts/serve runs this at every start).
+            for earlier in ApiToken.objects.filter(team=team, name=DEMO_TOKEN_NAME, revoked_at__isnull=True):
+                api_token_revoke(token=earlier)
+            _, raw_token = api_token_issue(team=team, name=DEMO_TOKEN_NAME, user=user)
         # After the commit, so eager tasks queued by the demo (the workflow run, the
         # introspection of /checkpoint) have run and their rows exist.
         self.stdout.write(f"Demo team {team.slug!r}, kin {kin.name!r} (id {kin.pk}), session {session.pk}, "
