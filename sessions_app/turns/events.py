@@ -48,8 +48,13 @@ STREAM_KEY = "kinsite:turn-events:{stream}"
 RETAIN_SECONDS = 3600
 # At most about this many events per turn (a long reply is a few thousand deltas).
 MAX_EVENTS_PER_TURN = 20_000
-# The in-memory store keeps the events of this many turns at most, the oldest dropped first.
-MEMORY_MAX_TURNS = 1_000
+# The in-memory store keeps the events of this many turns at most, the oldest dropped first
+# (and any turn whose last event is older than RETAIN_SECONDS).
+MEMORY_MAX_TURNS = 200
+# After a failed publish (Redis away or hanging), publishing pauses this long in the process:
+# each attempt could wait the full socket timeout, and a reply has hundreds of deltas.
+# Followers meanwhile read the turn's outcome from the stored turn.
+PUBLISH_PAUSE_SECONDS = 30.0
 # An event id: a Redis stream id ("1700000000000-0") or the memory store's sequence number.
 _EVENT_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
 
@@ -63,14 +68,23 @@ class TurnEvent:
 
 def turn_event_publish(turn: Turn, kind: str, data: dict[str, Any]) -> None:
     """Record one event of a running turn. Never raises: a follower missing an event
-    falls back to the stored turn, a turn failing for it would lose the reply."""
+    falls back to the stored turn, a turn failing for it would lose the reply. After a
+    failure, publishing to Redis pauses for PUBLISH_PAUSE_SECONDS (see there)."""
+    global _publish_paused_until
+    if not settings.REDIS_URL:
+        _memory.publish(turn_stream(turn), kind, data)
+        return
+    if time.monotonic() < _publish_paused_until:
+        return
     try:
-        if settings.REDIS_URL:
-            _redis_publish(turn_stream(turn), kind, data)
-        else:
-            _memory.publish(turn_stream(turn), kind, data)
+        _redis_publish(turn_stream(turn), kind, data)
     except Exception:
-        logger.warning("Turn %s: the %s event was not published", turn.pk, kind, exc_info=True)
+        _publish_paused_until = time.monotonic() + PUBLISH_PAUSE_SECONDS
+        logger.warning("Turn %s: the %s event was not published; turn events pause for %.0f s",
+                       turn.pk, kind, PUBLISH_PAUSE_SECONDS, exc_info=True)
+
+
+_publish_paused_until = 0.0
 
 
 def turn_events_read(turn: Turn, *, after: str | None, timeout: float) -> list[TurnEvent]:
@@ -189,14 +203,23 @@ class _MemoryStore:
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._turns: OrderedDict[str, list[TurnEvent]] = OrderedDict()
+        self._touched: dict[str, float] = {}  # each stream's last publish (monotonic)
 
     def publish(self, stream: str, kind: str, data: dict[str, Any]) -> None:
         with self._changed:
+            now = time.monotonic()
             events = self._turns.setdefault(stream, [])
             self._turns.move_to_end(stream)
-            events.append(TurnEvent(id=str(len(events) + 1), kind=kind, data=data))
-            while len(self._turns) > MEMORY_MAX_TURNS:
-                self._turns.popitem(last=False)
+            self._touched[stream] = now
+            # Past the cap only the end is kept: the follower's `done` carries the whole reply.
+            if len(events) < MAX_EVENTS_PER_TURN or kind == END:
+                events.append(TurnEvent(id=str(len(events) + 1), kind=kind, data=data))
+            # Least recently published first: drop while too many, or too old.
+            while self._turns:
+                oldest = next(iter(self._turns))
+                if len(self._turns) <= MEMORY_MAX_TURNS and now - self._touched[oldest] <= RETAIN_SECONDS:
+                    break
+                del self._turns[oldest], self._touched[oldest]
             self._changed.notify_all()
 
     def read(self, stream: str, *, after: str | None, timeout: float) -> list[TurnEvent]:
@@ -213,6 +236,7 @@ class _MemoryStore:
     def clear(self) -> None:
         with self._changed:
             self._turns.clear()
+            self._touched.clear()
 
 
 _memory = _MemoryStore()

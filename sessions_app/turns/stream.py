@@ -23,6 +23,7 @@ would read a sync iterator to its end before sending anything under ASGI).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import queue
@@ -151,7 +152,8 @@ def turn_event_stream(request, turn: Turn, *, done_body: DoneBody, message_body:
 def sse_event(*, event: str, data: dict, event_id: str | None) -> bytes:
     """One server-sent event: its id, its name and its JSON on one data line."""
     lines = [f"id: {event_id}"] if event_id is not None else []
-    lines += [f"event: {event}", f"data: {json.dumps(data, cls=JSONEncoder, ensure_ascii=False)}"]
+    # ASCII: a lone surrogate (half an emoji from a provider that split one) cannot break the encoding.
+    lines += [f"event: {event}", f"data: {json.dumps(data, cls=JSONEncoder, ensure_ascii=True)}"]
     return ("\n".join(lines) + "\n\n").encode()
 
 
@@ -173,6 +175,7 @@ class _TurnFollower:
         self.idle_since = time.monotonic()
         # A turn already finished has published all its events: read them without waiting.
         self.wait_seconds = 0 if turn.status not in UNFINISHED else POLL_SECONDS
+        self.read_errors = 0
 
     def opening(self) -> list[bytes]:
         if self.resumed:
@@ -203,6 +206,15 @@ class _TurnFollower:
         if chunks or self.ended:
             self.idle_since = time.monotonic()
         return chunks
+
+    def read_failed(self, exc: Exception) -> None:
+        """A read of the turn's events failed (Redis away): the stream goes on from the stored
+        turn, which ends it with `done` or `error` as usual; text of the reply may be missing
+        from the deltas, never from `done`. Logged once per stream."""
+        if not self.read_errors:
+            logger.warning("Turn %s: reading its events failed (%s); following the stored turn",
+                           self.turn_id, exc)
+        self.read_errors += 1
 
     def keepalive(self) -> list[bytes]:
         if time.monotonic() - self.idle_since < KEEPALIVE_SECONDS:
@@ -247,19 +259,29 @@ def _sync_stream(follower: _TurnFollower) -> Iterator[bytes]:
     try:
         yield from follower.opening()
         while not follower.ended:
-            events = turn_events_read(follower.turn, after=follower.last_id, timeout=follower.wait_seconds)
+            events = _read(follower, timeout=follower.wait_seconds)
             yield from follower.take(events)
             if events:
                 continue
             if follower.turn_finished():
                 # Its events were all published before it was stored: read what is left.
-                events = turn_events_read(follower.turn, after=follower.last_id, timeout=0)
-                yield from follower.take(events)
+                yield from follower.take(_read(follower, timeout=0))
                 break
             yield from follower.keepalive()
         yield follower.closing()
     except Exception as exc:
         yield follower.failure(exc)
+
+
+def _read(follower: _TurnFollower, *, timeout: float) -> list[TurnEvent]:
+    """The turn's next events; none when they cannot be read (Redis away), after waiting as
+    the read would have: the stored turn still says how the turn ended."""
+    try:
+        return turn_events_read(follower.turn, after=follower.last_id, timeout=timeout)
+    except Exception as exc:
+        follower.read_failed(exc)
+        time.sleep(timeout)
+        return []
 
 
 async def _async_stream(follower: _TurnFollower) -> AsyncIterator[bytes]:
@@ -268,14 +290,13 @@ async def _async_stream(follower: _TurnFollower) -> AsyncIterator[bytes]:
         for chunk in await sync_to_async(follower.opening)():
             yield chunk
         while not follower.ended:
-            events = await turn_events_aread(follower.turn, after=follower.last_id, timeout=follower.wait_seconds)
+            events = await _aread(follower, timeout=follower.wait_seconds)
             for chunk in follower.take(events):
                 yield chunk
             if events:
                 continue
             if await sync_to_async(follower.turn_finished)():
-                events = await turn_events_aread(follower.turn, after=follower.last_id, timeout=0)
-                for chunk in follower.take(events):
+                for chunk in follower.take(await _aread(follower, timeout=0)):
                     yield chunk
                 break
             for chunk in follower.keepalive():
@@ -283,3 +304,13 @@ async def _async_stream(follower: _TurnFollower) -> AsyncIterator[bytes]:
         yield await sync_to_async(follower.closing)()
     except Exception as exc:
         yield follower.failure(exc)
+
+
+async def _aread(follower: _TurnFollower, *, timeout: float) -> list[TurnEvent]:
+    """_read for the event loop."""
+    try:
+        return await turn_events_aread(follower.turn, after=follower.last_id, timeout=timeout)
+    except Exception as exc:
+        follower.read_failed(exc)
+        await asyncio.sleep(timeout)
+        return []

@@ -13,6 +13,7 @@ from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMError
 from sessions_app import services
 from sessions_app.models import Event, IntrospectionRun, Turn
+from tests.browser.conftest import PASSWORD, TIMEOUT_MS, log_in
 from tests.factories import KinFactory, MessageFactory, SessionFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("empty_turn_events")]
@@ -274,3 +275,31 @@ def test_the_panel_refreshes_after_a_checkpoint_command(logged_in_page, chat, sc
     assert page.evaluate("window.__kinsiteMarker") == "same-page"
     turn_threads_ended(chat)
     assert IntrospectionRun.objects.get(session=chat).trigger == "checkpoint"
+
+
+def test_on_a_phone_keyboard_enter_adds_a_line_and_the_button_sends(browser, live_server, browser_user, chat,
+                                                                     scripted):
+    """A touch screen has no Shift+Enter: there Enter makes the new line and Send sends."""
+    context = browser.new_context(base_url=live_server.url, viewport={"width": 390, "height": 844},
+                                  is_mobile=True, has_touch=True)
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    try:
+        log_in(page, username=browser_user.username, password=PASSWORD)
+        scripted.add("Got both lines.")
+        page.goto(f"/sessions/{chat.pk}/")
+        box = page.locator("#chat-content")
+        expect(page.locator(".chat-keys")).to_have_text("Enter adds a line; Send sends")
+
+        box.click()
+        page.keyboard.type("first line")
+        page.keyboard.press("Enter")
+        page.keyboard.type("second line")
+        expect(box).to_have_value("first line\nsecond line")
+        expect(page.locator("#conversation .message.pending")).to_have_count(0)
+
+        page.locator("#chat-form button[type=submit]").tap()
+        expect(page.locator("#conversation")).to_contain_text("Got both lines.")
+        assert user_messages(chat)[-1] == "first line\nsecond line"
+    finally:
+        context.close()

@@ -133,6 +133,23 @@ def test_a_streamed_post_inside_a_transaction_streams_the_whole_turn(api_client,
     assert events[0].data == turn_json["message"]
 
 
+def test_a_failed_event_read_does_not_end_the_stream_the_stored_turn_does(api_client, chat_session, model,
+                                                                          monkeypatch):
+    """Redis away while a client follows: the reads fail, the stream goes on from the stored
+    turn and ends with `done` (the reply whole), not with an error the user would resend over."""
+    model.add("Stored whatever happens to the bus.")
+
+    def unreadable(*args, **kwargs):
+        raise ConnectionError("Redis went away")
+
+    monkeypatch.setattr("sessions_app.turns.stream.turn_events_read", unreadable)
+    response = _post_stream_in_test_client(api_client, chat_session, "hi")
+
+    events = parse_sse(b"".join(response.streaming_content))
+    assert [e.event for e in events] == ["message", "done"]
+    assert events[-1].data["reply"]["content"] == "Stored whatever happens to the bus."
+
+
 def test_a_streamed_post_inside_a_transaction_whose_model_fails_ends_with_the_error(api_client, chat_session, model):
     model.add(LLMHTTPError("the model endpoint said no", status_code=400))
 

@@ -17,6 +17,13 @@
     return;
   }
   let streaming = false;
+  // A touch screen without a mouse (a phone): Enter adds a line there.
+  const touchOnly = Boolean(window.matchMedia && window.matchMedia("(pointer: coarse)").matches &&
+                            !window.matchMedia("(any-pointer: fine)").matches);
+  const keysHint = form.querySelector(".chat-keys");
+  if (keysHint && touchOnly) {
+    keysHint.textContent = "Enter adds a line; Send sends";
+  }
 
   form.classList.add("is-live");
   form.addEventListener("submit", function (event) {
@@ -33,6 +40,9 @@
     }
     if (event.shiftKey && !event.ctrlKey && !event.metaKey) {
       return; // Shift+Enter: a new line, as the textarea does
+    }
+    if (touchOnly && !event.ctrlKey && !event.metaKey) {
+      return; // a phone keyboard has no Shift+Enter: Enter makes the new line, the button sends
     }
     event.preventDefault();
     if (streaming) {
@@ -346,6 +356,11 @@
     }
     if (response.status === 429) {
       return "Your message was not sent: too many messages (429). Wait a moment and send it again.";
+    }
+    if (response.status >= 500) {
+      // A proxy's timeout or error page: the server may still store and answer the message.
+      return "The server did not answer properly (HTTP " + response.status + "): your message may still " +
+             "have been stored. Reload the page to check before sending it again.";
     }
     return "Your message was not sent (HTTP " + response.status + "). Reload the page and try again.";
   }
