@@ -33,6 +33,9 @@ def _image_as_link(renderer, tokens, idx, options, env) -> str:
     token = tokens[idx]
     src = token.attrGet("src") or ""
     label = renderer.renderInlineAsText(token.children or [], options, env) or src
+    opened = sum(1 if t.type == "link_open" else -1 for t in tokens[:idx] if t.type in ("link_open", "link_close"))
+    if opened > 0:  # inside a link already (a linked image): a link cannot hold another
+        return escapeHtml("Image: " + label)
     return f'<a href="{escapeHtml(src)}" class="md-image">{escapeHtml("Image: " + label)}</a>'
 
 

@@ -138,3 +138,9 @@ def test_the_sanitiser_still_holds_if_the_parser_let_raw_html_through(monkeypatc
     assert "<img" not in html and "onerror" not in html and "onclick" not in html and "style" not in html
     assert "<div" not in html and 'id="' not in html and 'class="x"' not in html
     assert hrefs(html) == []
+
+
+def test_a_linked_image_is_one_link_labelled_with_the_image():
+    html = str(markdown_render("[![the chart](https://img.example/x.png)](https://example.com/report)"))
+    assert html == ('<p><a href="https://example.com/report" rel="nofollow noopener noreferrer">'
+                    "Image: the chart</a></p>\n")
