@@ -159,7 +159,10 @@ def _block_ms(timeout: float) -> int | None:
     # XREAD BLOCK must end before the client's socket timeout, or the wait reads as an outage.
     if timeout <= 0:
         return None  # no BLOCK: answer at once
-    return max(1, int(min(timeout, settings.REDIS_SOCKET_TIMEOUT_SECONDS - 1) * 1000))
+    # A second of margin, or half the timeout when it is short (never a busy loop of 1 ms waits).
+    socket_timeout = settings.REDIS_SOCKET_TIMEOUT_SECONDS
+    limit = max(socket_timeout - 1, socket_timeout / 2)
+    return max(1, int(min(timeout, limit) * 1000))
 
 
 def _redis_events(reply) -> list[TurnEvent]:

@@ -80,3 +80,14 @@ def test_an_event_with_a_lone_surrogate_is_sent_and_reads_back_the_same():
     chunk = sse_event(event="delta", data={"text": "half an emoji \ud83d"}, event_id="7")
     data_line = next(line for line in chunk.decode("ascii").splitlines() if line.startswith("data: "))
     assert json.loads(data_line[len("data: "):]) == {"text": "half an emoji \ud83d"}
+
+
+@pytest.mark.parametrize(("socket_timeout", "wait", "block_ms"), [
+    (5, 2.0, 2000),   # the whole wait fits
+    (5, 10.0, 4000),  # a second before the socket timeout
+    (1, 2.0, 500),    # a short socket timeout: half of it, not a 1 ms busy loop
+    (5, 0, None),     # no wait: no BLOCK
+])
+def test_a_blocking_read_ends_before_the_socket_timeout(settings, socket_timeout, wait, block_ms):
+    settings.REDIS_SOCKET_TIMEOUT_SECONDS = socket_timeout
+    assert events._block_ms(wait) == block_ms
