@@ -178,15 +178,17 @@ def _read_state(team_id: int, kin_key: int) -> _State:
         # A transaction that wrote nothing has no transaction id, and sees committed rows only.
         committed = "pg_current_xact_id_if_assigned() IS NULL"
     else:
-        committed = "1" if not connection.in_atomic_block else "0"
+        # SQLite has no such question: outside a transaction block every read is committed.
+        committed = "0" if connection.in_atomic_block else "1"
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {committed}", [])
-        [(committed_view,)] = cursor.fetchall()
-        cursor.execute(f"SELECT id, generation, epoch FROM {_SCOPE_TABLE} WHERE team_id = %s AND kin_key = %s",
-                       [team_id, kin_key])
-        row = cursor.fetchone()
-    scope_id, generation, epoch = row or (0, 0, 0)
-    return _State(scope_id=scope_id, generation=generation, epoch=epoch, committed_view=bool(committed_view))
+        cursor.execute(
+            f"SELECT {committed}, s.id, s.generation, s.epoch FROM (SELECT 1 AS one) AS x"
+            f" LEFT JOIN {_SCOPE_TABLE} s ON s.team_id = %s AND s.kin_key = %s",
+            [team_id, kin_key],
+        )
+        committed_view, scope_id, generation, epoch = cursor.fetchone()
+    return _State(scope_id=scope_id or 0, generation=generation or 0, epoch=epoch or 0,
+                  committed_view=bool(committed_view))
 
 
 def _normalised(data, dims: int) -> np.ndarray | None:
