@@ -109,13 +109,17 @@ class _Matrix:
         self.lock = lock
 
     def scores(self, query: np.ndarray, hidden: set[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, cosines) of the live rows but those in `hidden`."""
+        """(ids, cosines) of the live rows but those in `hidden`. The product runs over the
+        matrix in place (selecting the live rows first would copy it)."""
+        cosines = self.vectors[: self.size] @ query
+        if not self.dropped and not hidden:
+            return self.ids[: self.size].copy(), cosines
         live = self.alive[: self.size].copy()
         for memory_id in hidden:
             row = self.row_of.get(memory_id)
             if row is not None:
                 live[row] = False
-        return self.ids[: self.size][live], self.vectors[: self.size][live] @ query
+        return self.ids[: self.size][live], cosines[live]
 
 
 # --- the per-process cache --------------------------------------------------------------------
