@@ -6,10 +6,12 @@ of every process what changed.
 Insert, and an update that changes a memory's embedding, embedding_model, status, kin or
 team (or writes a vector_seq of its own, e.g. a stale instance's save): the row's scope
 generation is bumped in the same transaction, and the row's vector_seq set to it. A row
-leaving its scope (kin or team changed, or deleted from the table) also bumps the old
-scope's epoch: its cache reloads. On PostgreSQL the bump is an upsert that holds the
+leaving its scope (kin or team changed, or deleted from the table) also changes the old
+scope's epoch: its caches reload. On PostgreSQL the bump is an upsert that holds the
 scope row's lock until commit, so writers of one scope commit in generation order and a
-reader that sees generation G sees every row stamped up to G. SQLite has one writer.
+reader that sees generation G sees every row stamped up to G; a transaction bumps a
+scope once (its rows share the generation), and the epoch it sets is its own number.
+SQLite has one writer: there the bump is per row and the epoch a counter.
 
 The column is added by SQL on SQLite: Django's AddField of a NOT NULL column rebuilds the
 table there, which would drop the full-text triggers of 0002."""
@@ -21,14 +23,19 @@ PG_FORWARD = [
     "ALTER TABLE memories_memory ADD COLUMN vector_seq bigint NOT NULL DEFAULT 0",
     f"""
     CREATE FUNCTION memories_memory_vector_seq() RETURNS trigger LANGUAGE plpgsql AS $$
-    DECLARE stamped bigint;
+    DECLARE
+        stamped bigint;
+        bumped boolean;
+        this_transaction bigint := pg_current_xact_id()::text::bigint;
     BEGIN
         IF TG_OP <> 'INSERT' AND (TG_OP = 'DELETE' OR OLD.team_id <> NEW.team_id
                                   OR OLD.kin_id IS DISTINCT FROM NEW.kin_id) THEN
+            -- The old scope's epoch becomes this transaction's number (once: no new row
+            -- version per deleted row when a kin or a team is deleted).
             INSERT INTO {SCOPE} (team_id, kin_key, generation, epoch)
-            VALUES (OLD.team_id, coalesce(OLD.kin_id, 0), 1, 1)
-            ON CONFLICT (team_id, kin_key) DO UPDATE
-            SET generation = {SCOPE}.generation + 1, epoch = {SCOPE}.epoch + 1;
+            VALUES (OLD.team_id, coalesce(OLD.kin_id, 0), 0, this_transaction)
+            ON CONFLICT (team_id, kin_key) DO UPDATE SET epoch = this_transaction
+            WHERE {SCOPE}.epoch <> this_transaction;
         END IF;
         IF TG_OP = 'DELETE' THEN
             RETURN OLD;
@@ -40,10 +47,16 @@ PG_FORWARD = [
            AND NEW.kin_id IS NOT DISTINCT FROM OLD.kin_id AND NEW.team_id = OLD.team_id THEN
             RETURN NEW;
         END IF;
-        INSERT INTO {SCOPE} (team_id, kin_key, generation, epoch)
-        VALUES (NEW.team_id, coalesce(NEW.kin_id, 0), 1, 0)
-        ON CONFLICT (team_id, kin_key) DO UPDATE SET generation = {SCOPE}.generation + 1
-        RETURNING generation INTO stamped;
+        -- One bump per transaction and scope: its rows share the generation and commit
+        -- together (a bulk insert writes the scope row once, not once per row).
+        SELECT generation, xmin = pg_current_xact_id()::xid INTO stamped, bumped
+        FROM {SCOPE} WHERE team_id = NEW.team_id AND kin_key = coalesce(NEW.kin_id, 0);
+        IF NOT FOUND OR NOT bumped THEN
+            INSERT INTO {SCOPE} (team_id, kin_key, generation, epoch)
+            VALUES (NEW.team_id, coalesce(NEW.kin_id, 0), 1, 0)
+            ON CONFLICT (team_id, kin_key) DO UPDATE SET generation = {SCOPE}.generation + 1
+            RETURNING generation INTO stamped;
+        END IF;
         NEW.vector_seq := stamped;
         RETURN NEW;
     END $$

@@ -224,3 +224,36 @@ def test_warm_search_reads_one_row_per_scope(team, kin, django_assert_num_querie
     nearest(team, kin, "filler", k=50)
     with django_assert_num_queries(2):  # the kin's scope row and the shared one's
         assert len(nearest(team, kin, "filler", k=50)) == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_instance_saved_over_a_newer_vector_is_seen(team, kin):
+    [memory] = Memory.objects.bulk_create([vector_row(team, kin, "coffee beans grinder")])
+    stale = Memory.objects.get(pk=memory.pk)
+    Memory.objects.filter(pk=memory.pk).update(embedding=ranking.vector_to_bytes(hashed_bag_of_words("tea kettle")))
+    assert nearest(team, kin, "tea kettle", k=1)[memory.pk] == pytest.approx(1.0)
+    stale.importance = 9
+    stale.save()  # writes its old vector back
+    assert nearest(team, kin, "coffee beans grinder", k=1)[memory.pk] == pytest.approx(1.0)
+
+
+def scope_row(team, kin):
+    from memories.models import MemoryVectorScope
+
+    return MemoryVectorScope.objects.get(team_id=team.pk, kin_key=kin.pk if kin else 0)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_bumps_its_scope_once(team, kin):
+    """A bulk write writes the scope row once, not once per row (a row version each)."""
+    Memory.objects.bulk_create([vector_row(team, kin, "first")])
+    before = scope_row(team, kin).generation
+    with transaction.atomic():
+        Memory.objects.bulk_create([vector_row(team, kin, f"note n{n}") for n in range(50)])
+        Memory.objects.filter(kin=kin).update(status=Memory.Status.DELETED)
+    assert scope_row(team, kin).generation == before + 1
+    assert set(Memory.objects.filter(kin=kin).values_list("vector_seq", flat=True)) == {before + 1}
+    epoch = scope_row(team, kin).epoch
+    Memory.objects.filter(kin=kin).update(kin=None)
+    assert scope_row(team, kin).epoch != epoch
