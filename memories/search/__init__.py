@@ -2,8 +2,8 @@
 dashboard (memory_search), and the near-duplicate lookup of memory writes.
 
 Search reads the database once for candidates (full-text BM25: postgres.py or sqlite.py,
-plus a vector scan, vectors.py, when an embedder is configured) and leaves the scoring to
-the pure functions of memories.ranking. It only reads memories; embedding the query is
+plus the nearest of every vector in scope, vectors.py, when an embedder is configured)
+and leaves the scoring to the pure functions of memories.ranking. It only reads memories; embedding the query is
 the embedding service's (memories.embeddings, an LLMCall row), and counting retrievals
 is the caller's (memories.services.memory_hits_mark_retrieved)."""
 from dataclasses import dataclass, field
@@ -46,7 +46,8 @@ def _text_scores(*, terms: list[str], team: Team, kin: Kin | None, include_share
 # How many full-text neighbours are compared term by term: a true duplicate shares
 # nearly all its terms, so it ranks at the top of its own BM25 search.
 DUPLICATE_TEXT_CANDIDATES = 20
-# How many nearest vectors are compared (those at DUPLICATE_MIN_COSINE or more).
+# How many nearest vectors are compared (those at DUPLICATE_MIN_COSINE or more), among
+# every vector of the scope; the text candidates' similarities come with them.
 DUPLICATE_VECTOR_CANDIDATES = 20
 
 
@@ -70,6 +71,7 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
     )]
     vector_similarities = vectors.nearest(
         team=team, kin=kin, include_shared=False, embedding=embedding, k=DUPLICATE_VECTOR_CANDIDATES,
+        also=set(text_ids),
     ) if embedding is not None else {}
     near_vectors = [i for i, s in vector_similarities.items() if s >= ranking.DUPLICATE_MIN_COSINE]
     candidates = scope.filter(pk__in=set(text_ids) | set(near_vectors)).only("id", "content", "subject")
