@@ -92,7 +92,8 @@ class _Matrix:
             self.alive[row] = True
         if self.dropped > _COMPACT_SHARE * max(self.size, 1):
             self._compact()
-        self.state = state
+        if state.generation > self.state.generation:
+            self.state = state
 
     def _grow(self) -> None:
         capacity = self.size + max(_MIN_SPARE, int(self.size * _GROWTH))
@@ -177,22 +178,28 @@ def _scope_params(team_id: int, kin_key: int) -> list:
     return [team_id, kin_key] if kin_key else [team_id]
 
 
-def _read_state(team_id: int, kin_key: int) -> _State:
+def _read_states(team_id: int, kin_keys: list[int]) -> dict[int, _State]:
+    """The scopes' MemoryVectorScope rows, in one query."""
     if connection.vendor == "postgresql":
         # A transaction that wrote nothing has no transaction id, and sees committed rows only.
         committed = "pg_current_xact_id_if_assigned() IS NULL"
     else:
         # SQLite has no such question: outside a transaction block every read is committed.
-        committed = "0" if connection.in_atomic_block else "1"
+        committed = "0" if connection.in_atomic_block or not connection.get_autocommit() else "1"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {committed}, s.id, s.generation, s.epoch FROM (SELECT 1 AS one) AS x"
-            f" LEFT JOIN {_SCOPE_TABLE} s ON s.team_id = %s AND s.kin_key = %s",
-            [team_id, kin_key],
+            f"SELECT {committed}, s.kin_key, s.id, s.generation, s.epoch FROM (SELECT 1 AS one) AS x"
+            f" LEFT JOIN {_SCOPE_TABLE} s ON s.team_id = %s AND s.kin_key IN ({', '.join(['%s'] * len(kin_keys))})",
+            [team_id, *kin_keys],
         )
-        committed_view, scope_id, generation, epoch = cursor.fetchone()
-    return _State(scope_id=scope_id or 0, generation=generation or 0, epoch=epoch or 0,
-                  committed_view=bool(committed_view))
+        rows = cursor.fetchall()
+    committed_view = bool(rows[0][0])
+    found = {kin_key: (scope_id, generation, epoch) for _, kin_key, scope_id, generation, epoch in rows
+             if scope_id is not None}
+    return {
+        kin_key: _State(*found.get(kin_key, (0, 0, 0)), committed_view=committed_view)
+        for kin_key in kin_keys
+    }
 
 
 def _normalised(data, dims: int) -> np.ndarray | None:
@@ -203,19 +210,35 @@ def _normalised(data, dims: int) -> np.ndarray | None:
     return vector / norm if norm else vector
 
 
-def _load(team_id: int, kin_key: int, model: str, dims: int, state: _State) -> _Matrix:
-    """Every active vector of the scope made by `model` with `dims` dimensions."""
+def _load(team_id: int, kin_keys: list[int], model: str, dims: int,
+          states: dict[int, _State]) -> dict[int, _Matrix]:
+    """Every active vector of the scopes made by `model` with `dims` dimensions, in one query."""
+    scopes = []
+    params: list = [team_id]
+    if own := [kin_key for kin_key in kin_keys if kin_key]:
+        scopes.append(f"kin_id IN ({', '.join(['%s'] * len(own))})")
+        params += own
+    if 0 in kin_keys:
+        scopes.append("kin_id IS NULL")
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT id, embedding FROM {_MEMORY_TABLE} WHERE {_scope_where(kin_key)} AND status = %s"
+            f"SELECT coalesce(kin_id, 0), id, embedding FROM {_MEMORY_TABLE}"
+            f" WHERE team_id = %s AND ({' OR '.join(scopes)}) AND status = %s"
             " AND embedding_model = %s AND embedding IS NOT NULL",
-            [*_scope_params(team_id, kin_key), Memory.Status.ACTIVE, model],
+            [*params, Memory.Status.ACTIVE, model],
         )
-        rows = [(memory_id, bytes(data)) for memory_id, data in cursor.fetchall() if len(data) == dims * 4]
-    vectors = np.frombuffer(b"".join(data for _, data in rows), dtype="<f4").astype(np.float32).reshape(-1, dims)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    np.divide(vectors, norms, out=vectors, where=norms > 0)
-    return _Matrix(dims=dims, state=state, ids=[memory_id for memory_id, _ in rows], vectors=vectors)
+        rows = cursor.fetchall()
+    matrices = {}
+    for kin_key in kin_keys:
+        scope_rows = [(memory_id, bytes(data)) for key, memory_id, data in rows
+                      if key == kin_key and len(data) == dims * 4]
+        vectors = np.frombuffer(b"".join(data for _, data in scope_rows), dtype="<f4").astype(np.float32)
+        vectors = vectors.reshape(-1, dims)
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        np.divide(vectors, norms, out=vectors, where=norms > 0)
+        matrices[kin_key] = _Matrix(dims=dims, state=states[kin_key],
+                                    ids=[memory_id for memory_id, _ in scope_rows], vectors=vectors)
+    return matrices
 
 
 def _changes(team_id: int, kin_key: int, model: str, dims: int, since: int) -> dict[int, np.ndarray | None]:
@@ -234,25 +257,23 @@ def _changes(team_id: int, kin_key: int, model: str, dims: int, since: int) -> d
     }
 
 
-def _scope_scores(team_id: int, kin_key: int, model: str, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, cosines) over one scope, from the cached matrix brought up to date."""
-    dims = len(query)
-    key = _cache_key(team_id, kin_key, model, dims)
-    state = _read_state(team_id, kin_key)
+def _cached(key: tuple, state: _State) -> _Matrix | None:
+    """The cached matrix of `key`, unless the scope was recreated or left by a memory since."""
     matrix = _cache_get(key)
-    if matrix is not None and (matrix.state.scope_id != state.scope_id or matrix.state.epoch != state.epoch
-                               or matrix.state.generation > state.generation):
-        matrix = None
-    if matrix is None:
-        matrix = _load(team_id, kin_key, model, dims, state)
-        if state.committed_view:
-            _cache_put(key, matrix)
-        with matrix.lock:
-            return matrix.scores(query, hidden=set())
+    if matrix is None or (matrix.state.scope_id, matrix.state.epoch) != (state.scope_id, state.epoch):
+        return None
+    if matrix.state.generation > state.generation:  # (a database restored under the process)
+        return None
+    return matrix
+
+
+def _scores(matrix: _Matrix, team_id: int, kin_key: int, model: str, query: np.ndarray,
+            state: _State) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, cosines) over a cached matrix, brought up to date first."""
     with matrix.lock:
-        if matrix.state.generation == state.generation:
+        if matrix.state.generation >= state.generation:  # (another thread may have patched it further)
             return matrix.scores(query, hidden=set())
-        changes = _changes(team_id, kin_key, model, dims, matrix.state.generation)
+        changes = _changes(team_id, kin_key, model, matrix.dims, matrix.state.generation)
         if state.committed_view:
             matrix.patch(changes, state)
             return matrix.scores(query, hidden=set())
@@ -264,6 +285,29 @@ def _scope_scores(team_id: int, kin_key: int, model: str, query: np.ndarray) -> 
     added_ids = np.array([memory_id for memory_id, _ in added], dtype=np.int64)
     added_cosines = np.stack([vector for _, vector in added]) @ query
     return np.concatenate([ids, added_ids]), np.concatenate([cosines, added_cosines])
+
+
+def _all_scores(team_id: int, kin_keys: list[int], model: str, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, cosines) over the scopes: one read of their states, then nothing more for the
+    ones cached and current, the changed rows of the ones cached and behind, and one read
+    of every vector for the others."""
+    dims = len(query)
+    states = _read_states(team_id, kin_keys)
+    keys = {kin_key: _cache_key(team_id, kin_key, model, dims) for kin_key in kin_keys}
+    cached = {kin_key: _cached(keys[kin_key], states[kin_key]) for kin_key in kin_keys}
+    missing = [kin_key for kin_key in kin_keys if cached[kin_key] is None]
+    loaded = _load(team_id, missing, model, dims, states) if missing else {}
+    parts = []
+    for kin_key in kin_keys:
+        if kin_key in loaded:
+            matrix = loaded[kin_key]
+            if states[kin_key].committed_view:
+                _cache_put(keys[kin_key], matrix)
+            with matrix.lock:
+                parts.append(matrix.scores(query, hidden=set()))
+        else:
+            parts.append(_scores(cached[kin_key], team_id, kin_key, model, query, states[kin_key]))
+    return np.concatenate([part[0] for part in parts]), np.concatenate([part[1] for part in parts])
 
 
 # --- the search API ---------------------------------------------------------------------------
@@ -281,9 +325,7 @@ def nearest(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Emb
         return {}
     query /= norm
     kin_keys = [0] if kin is None else ([kin.pk, 0] if include_shared else [kin.pk])
-    parts = [_scope_scores(team.pk, kin_key, embedding.model, query) for kin_key in kin_keys]
-    ids = np.concatenate([part[0] for part in parts])
-    cosines = np.concatenate([part[1] for part in parts])
+    ids, cosines = _all_scores(team.pk, kin_keys, embedding.model, query)
     if not len(ids):
         return {}
     if k <= 0:

@@ -133,9 +133,9 @@ def count_loads(monkeypatch):
     loads = []
     real = vectors._load
 
-    def load(*args):
-        loads.append(args[:2])
-        return real(*args)
+    def load(team_id, kin_keys, *args):
+        loads.extend((team_id, kin_key) for kin_key in kin_keys)
+        return real(team_id, kin_keys, *args)
 
     monkeypatch.setattr(vectors, "_load", load)
     return loads
@@ -222,8 +222,14 @@ def test_cache_is_capped(team, kin, settings):
 def test_warm_search_reads_one_row_per_scope(team, kin, django_assert_num_queries):
     Memory.objects.bulk_create([vector_row(team, kin, f"filler note n{n}") for n in range(5)])
     nearest(team, kin, "filler", k=50)
-    with django_assert_num_queries(2):  # the kin's scope row and the shared one's
+    with django_assert_num_queries(1):  # the kin's scope row and the shared one's
         assert len(nearest(team, kin, "filler", k=50)) == 5
+    Memory.objects.bulk_create([vector_row(team, kin, "tea kettle")])
+    with django_assert_num_queries(2):  # and the row changed since
+        assert len(nearest(team, kin, "filler", k=50)) == 6
+    vectors.vector_cache_clear()
+    with django_assert_num_queries(2):  # and every vector of both scopes
+        assert len(nearest(team, kin, "filler", k=50)) == 6
 
 
 @pytest.mark.django_db(transaction=True)
