@@ -6,15 +6,17 @@ scans both). Only active memories whose vector the query's model made, with the 
 dimensions, are scanned: models are never mixed.
 
 Each process (web worker, Celery worker) keeps the matrices it has built in an LRU capped
-by settings.MEMORY_VECTOR_CACHE_MB. Before each use it reads the scope's row of
-MemoryVectorScope (one indexed row): database triggers bump its generation in the
+by settings.MEMORY_VECTOR_CACHE_MB (a scope larger than the cap is read whole at every
+search). Before each use it reads the scopes' rows of MemoryVectorScope (one query over
+a unique index): database triggers bump a scope's generation in the
 transaction of every write that changes a memory's vector, model, status, kin or team,
 and stamp the row's vector_seq with it (migration 0006), whatever wrote it (services,
 bulk writes, the admin, raw SQL). A newer generation costs a fetch of the rows stamped
 after the cached one, patched into the matrix; a newer epoch (a memory left the scope)
 or another scope row (the scope was recreated) a reload. A reader whose own transaction
-has written (so it may see uncommitted rows that could roll back) uses those rows for its
-query but never stores them in the cache."""
+has written (so it may see uncommitted rows that could roll back; on SQLite, any reader
+inside a transaction block) uses what it reads for its query but never stores it in the
+cache."""
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
