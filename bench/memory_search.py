@@ -4,6 +4,14 @@ same vocabulary. See bench/README.md.
 
     python bench/memory_search.py                 # SQLite (a temp file)
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/kinsite python bench/memory_search.py
+    ... bench/memory_search.py --vectors          # every memory with a 384-d vector
+    ... bench/memory_search.py --vectors --kins 1 --per-kin 100000   # one 100,000-memory kin
+
+With --vectors, queries are embedded too (a deterministic hashed bag of words, 384
+dimensions: cheap, offline, and the scan costs the same whatever the values), and it also
+times the first search of each kin on an empty vector cache (cold: the kin's matrix is
+built from the database), the vector scan alone, and the duplicate check of a write
+(memory_find_duplicate, as memory_add runs it).
 """
 import argparse
 import random
@@ -23,28 +31,64 @@ from bench.common import (  # noqa: E402
 )
 from bench.synthetic import memories_populate, sentence  # noqa: E402
 
+VECTOR_DIMENSIONS = 384
 
-def run(*, kins: int, per_kin: int, queries: int, seed: int) -> dict:
+
+class HashedEmbedder:
+    """The scripted provider with 384-dimension vectors (built lazily: Django is set up first)."""
+
+    @staticmethod
+    def create():
+        from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words
+
+        class Embedder(ScriptedProvider):
+            def embed_result(self, texts, *, model=None):
+                result = super().embed_result(texts, model=model)
+                result.vectors = [hashed_bag_of_words(t, VECTOR_DIMENSIONS) for t in texts]
+                return result
+
+        return Embedder()
+
+
+def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool = False) -> dict:
+    from contextlib import nullcontext
+
     from django.conf import settings
     from django.db import connection
 
+    from kinsite.llm.providers import hashed_bag_of_words, provider_override
+    from memories import ranking
+    from memories.embeddings import _embedding_model_name
     from memories.search import memory_search
 
-    team, kin_rows, load_seconds = memories_populate(kins=kins, per_kin=per_kin, seed=seed)
+    embed = provider = None
+    if with_vectors:
+        provider = HashedEmbedder.create()
+        model = _embedding_model_name(provider)
+
+        def embed(text):
+            return ranking.vector_to_bytes(hashed_bag_of_words(text, VECTOR_DIMENSIONS)), model
+
+    team, kin_rows, load_seconds = memories_populate(kins=kins, per_kin=per_kin, seed=seed, embed=embed)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")  # fresh planner statistics after the bulk load
     rng = random.Random(seed + 1)
     query_texts = [sentence(rng) for _ in range(queries)]
-    for kin in kin_rows:  # warm-up: connections, caches, plans
-        memory_search(team=team, kin=kin, query=query_texts[0], limit=settings.MEMORY_TOP_K)
-    latencies, hit_counts = [], []
-    with MachineWatch() as machine:
-        for index, text in enumerate(query_texts):
-            kin = kin_rows[index % len(kin_rows)]
+    cold = []
+    with provider_override(provider) if provider else nullcontext():
+        for kin in kin_rows:  # warm-up: connections, caches, plans (and with vectors: cold searches)
             started = time.perf_counter()
-            hits = memory_search(team=team, kin=kin, query=text, limit=settings.MEMORY_TOP_K)
-            latencies.append((time.perf_counter() - started) * 1000)
-            hit_counts.append(len(hits))
+            memory_search(team=team, kin=kin, query=query_texts[0], limit=settings.MEMORY_TOP_K)
+            cold.append((time.perf_counter() - started) * 1000)
+        latencies, hit_counts = [], []
+        with MachineWatch() as machine:
+            for index, text in enumerate(query_texts):
+                kin = kin_rows[index % len(kin_rows)]
+                started = time.perf_counter()
+                hits = memory_search(team=team, kin=kin, query=text, limit=settings.MEMORY_TOP_K)
+                latencies.append((time.perf_counter() - started) * 1000)
+                hit_counts.append(len(hits))
+        vector_figures = vector_timings(team, kin_rows, provider, rng, queries) if with_vectors else {}
     return {
         "database_version": database_version(connection),
         "memories": kins * per_kin,
@@ -54,7 +98,45 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int) -> dict:
         "load_seconds": round(load_seconds, 1),
         "mean_hits": round(sum(hit_counts) / len(hit_counts), 2),
         "search": latency_summary(latencies),
+        "vectors": with_vectors,
+        **vector_figures,
         "machine_state": machine.figures,
+    }
+
+
+def vector_timings(team, kin_rows, provider, rng, count: int) -> dict:
+    """The vector scan alone (warm), the duplicate check of a write (warm), and the cold
+    search: the first of a kin after this process's vector cache is emptied."""
+    from django.conf import settings
+
+    from memories.embeddings import Embedding, _embedding_model_name
+    from memories.search import memory_find_duplicate, memory_search, vectors
+
+    model = _embedding_model_name(provider)
+    texts = [sentence(rng) for _ in range(count)]
+    embeddings = [Embedding(vector=tuple(v), model=model) for v in provider.embed_result(texts).vectors]
+    scans, duplicates, cold = [], [], []
+    for index, (text, embedding) in enumerate(zip(texts, embeddings, strict=True)):
+        kin = kin_rows[index % len(kin_rows)]
+        started = time.perf_counter()
+        vectors.nearest(team=team, kin=kin, include_shared=True, embedding=embedding, k=50)
+        scans.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        memory_find_duplicate(team=team, kin=kin, content=text, embedding=embedding)
+        duplicates.append((time.perf_counter() - started) * 1000)
+    for index in range(max(3, len(kin_rows))):
+        kin = kin_rows[index % len(kin_rows)]
+        vectors.vector_cache_clear()
+        started = time.perf_counter()
+        memory_search(team=team, kin=kin, query=texts[index], limit=settings.MEMORY_TOP_K)
+        cold.append((time.perf_counter() - started) * 1000)
+    return {
+        "vector_dimensions": VECTOR_DIMENSIONS,
+        "vector_scan": latency_summary(scans),
+        "duplicate_check": latency_summary(duplicates),
+        "cold_search": latency_summary(cold),
+        # What the last cold search left in the cache: one kin's matrix (and the empty shared one).
+        "vector_cache_mb": round(vectors.vector_cache_bytes() / 1024 / 1024, 1),
     }
 
 
@@ -64,8 +146,10 @@ def main(argv=None) -> int:
     parser.add_argument("--per-kin", type=int, default=10_000)
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--vectors", action="store_true",
+                        help="store a 384-d vector with every memory and embed the queries")
     args = parser.parse_args(argv)
-    with ThrowawayDatabase("kinsite_bench_memory"):
+    with ThrowawayDatabase("kinsite_bench_memory_vectors" if args.vectors else "kinsite_bench_memory"):
         import django
 
         django.setup()
@@ -73,15 +157,23 @@ def main(argv=None) -> int:
         from django.db import connection
 
         call_command("migrate", verbosity=0)
-        figures = run(kins=args.kins, per_kin=args.per_kin, queries=args.queries, seed=args.seed)
+        figures = run(kins=args.kins, per_kin=args.per_kin, queries=args.queries, seed=args.seed,
+                      with_vectors=args.vectors)
         vendor = connection.vendor
     search = figures["search"]
     print(f"memory search — {figures['database_version']}: {figures['memories']:,} memories in {figures['kins']} kins, "
           f"{figures['queries']} queries (top {figures['top_k']}), loaded in {figures['load_seconds']} s")
     print(f"  p50 {search['p50_ms']} ms · p95 {search['p95_ms']} ms · p99 {search['p99_ms']} ms · "
           f"max {search['max_ms']} ms · mean hits {figures['mean_hits']}")
+    if figures["vectors"]:
+        for name in ("vector_scan", "duplicate_check", "cold_search"):
+            part = figures[name]
+            print(f"  {name.replace('_', ' ')}: p50 {part['p50_ms']} ms · p95 {part['p95_ms']} ms · "
+                  f"max {part['max_ms']} ms")
+        print(f"  vector cache holding one kin: {figures['vector_cache_mb']} MiB")
     print("  " + machine_state_line(figures["machine_state"]))
-    print(f"wrote {write_results('memory_search', vendor, figures)}")
+    name = "memory_search_vectors" if figures["vectors"] else "memory_search"
+    print(f"wrote {write_results(name, vendor, figures)}")
     return 0
 
 

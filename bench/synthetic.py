@@ -61,9 +61,10 @@ def message_text(rng: random.Random, *, min_words: int, max_words: int) -> str:
     return text if text.endswith(".") else text + "."
 
 
-def memories_populate(*, kins: int, per_kin: int, seed: int, team=None):
+def memories_populate(*, kins: int, per_kin: int, seed: int, team=None, embed=None):
     """A team (created unless given) with `kins` kins of `per_kin` memories each, updated_at
-    spread over a year. Returns (team, kins, load seconds)."""
+    spread over a year. `embed(text) -> (float32 bytes, model)`, when given, stores a vector
+    with each. Returns (team, kins, load seconds)."""
     from django.utils import timezone
 
     from kinsite.services import team_create
@@ -85,6 +86,9 @@ def memories_populate(*, kins: int, per_kin: int, seed: int, team=None):
             )
             for _ in range(per_kin)
         ]
+        if embed is not None:
+            for row in rows:
+                row.embedding, row.embedding_model = embed(row.content)
         Memory.objects.bulk_create(rows, batch_size=2000)
     # Spread updated_at over a year so recency decay has work to do.
     ids = list(Memory.objects.filter(team=team).values_list("id", flat=True))

@@ -311,6 +311,10 @@ MEMORY_HALF_LIFE_DAYS = {
     "preference": env_float("MEMORY_HALF_LIFE_PREFERENCE_DAYS", 120.0),
     "decision": env_float("MEMORY_HALF_LIFE_DECISION_DAYS", 21.0),
 }
+# Vector search without pgvector scans every vector of a scope, kept in each process as a
+# float32 matrix (4 bytes x dimensions per memory: 100,000 x 384 is about 150 MB). This
+# caps the matrices one process keeps, in MB; the least recently used scope goes first.
+MEMORY_VECTOR_CACHE_MB = env_int("MEMORY_VECTOR_CACHE_MB", 512)
 
 LOGGING = {
     "version": 1,

@@ -46,6 +46,10 @@ class Memory(models.Model):
     # Embedding of `content` (float32, little-endian) when an embedder is configured.
     embedding = models.BinaryField(null=True, blank=True, editable=False)
     embedding_model = models.CharField(max_length=200, blank=True, editable=False)
+    # The scope's vector generation (MemoryVectorScope) at this row's last change of
+    # vector, model, status or scope; set by database triggers (migration 0006), never
+    # by Django: the vector caches fetch the rows changed since the generation they hold.
+    vector_seq = models.BigIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -55,6 +59,7 @@ class Memory(models.Model):
         indexes = [
             models.Index(fields=["team", "kin", "status"], name="memory_scope_status"),
             models.Index(fields=["team", "status", "subject"], name="memory_subject"),
+            models.Index(fields=["team", "kin", "vector_seq"], name="memory_vector_seq"),
             # The re-embedding check: active memories whose vector another model made.
             models.Index(fields=["embedding_model"], condition=Q(status="active"), name="memory_active_embed_model"),
         ]
@@ -64,6 +69,29 @@ class Memory(models.Model):
 
     def __str__(self):
         return self.content[:80]
+
+
+class MemoryVectorScope(models.Model):
+    """The vector generation of one memory scope: a kin's own memories (kin_key = the
+    kin's id) or its team's shared ones (kin_key = 0). Database triggers (migration 0006)
+    bump `generation` in the transaction of every insert, and every update that changes a
+    memory's vector, model, status, kin or team, and stamp the row's vector_seq with it;
+    a row leaving the scope (moved, or deleted from the table) changes `epoch`, which makes
+    the caches reload the scope. Plain ids, no foreign keys: a trigger writes these rows
+    and an orphan (its kin deleted) costs nothing. Read by memories.search.vectors."""
+
+    team_id = models.BigIntegerField()
+    kin_key = models.BigIntegerField()
+    generation = models.BigIntegerField(default=0)
+    epoch = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team_id", "kin_key"], name="memoryvectorscope_scope"),
+        ]
+
+    def __str__(self):
+        return f"team {self.team_id} kin {self.kin_key or 'shared'}: generation {self.generation}"
 
 
 class MemoryChange(models.Model):

@@ -2,8 +2,8 @@
 dashboard (memory_search), and the near-duplicate lookup of memory writes.
 
 Search reads the database once for candidates (full-text BM25: postgres.py or sqlite.py,
-plus a vector scan, vectors.py, when an embedder is configured) and leaves the scoring to
-the pure functions of memories.ranking. It only reads memories; embedding the query is
+plus the nearest of every vector in scope, vectors.py, when an embedder is configured)
+and leaves the scoring to the pure functions of memories.ranking. It only reads memories; embedding the query is
 the embedding service's (memories.embeddings, an LLMCall row), and counting retrievals
 is the caller's (memories.services.memory_hits_mark_retrieved)."""
 from dataclasses import dataclass, field
@@ -46,6 +46,9 @@ def _text_scores(*, terms: list[str], team: Team, kin: Kin | None, include_share
 # How many full-text neighbours are compared term by term: a true duplicate shares
 # nearly all its terms, so it ranks at the top of its own BM25 search.
 DUPLICATE_TEXT_CANDIDATES = 20
+# How many nearest vectors are compared (those at DUPLICATE_MIN_COSINE or more), among
+# every vector of the scope; the text candidates' similarities come with them.
+DUPLICATE_VECTOR_CANDIDATES = 20
 
 
 def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject: str = "",
@@ -66,7 +69,10 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
     text_ids = [match.id for match in _text_scores(
         terms=search_terms, team=team, kin=kin, include_shared=False, limit=DUPLICATE_TEXT_CANDIDATES,
     )]
-    vector_similarities = vectors.similarities(scope, embedding) if embedding is not None else {}
+    vector_similarities = vectors.nearest(
+        team=team, kin=kin, include_shared=False, embedding=embedding, k=DUPLICATE_VECTOR_CANDIDATES,
+        also=set(text_ids),
+    ) if embedding is not None else {}
     near_vectors = [i for i, s in vector_similarities.items() if s >= ranking.DUPLICATE_MIN_COSINE]
     candidates = scope.filter(pk__in=set(text_ids) | set(near_vectors)).only("id", "content", "subject")
     by_id = {memory.pk: memory for memory in candidates}
@@ -103,10 +109,9 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
     vector_similarities: dict[int, float] = {}
     embedding = memory_embed(team=team, kin=kin, text=" ".join(query.split())[:8000], purpose="memory_search")
     if embedding is not None:
-        scope = memory_list(team=team, kin=kin, include_shared=include_shared, status=Memory.Status.ACTIVE)
-        similarities = vectors.similarities(scope, embedding)
-        nearest = sorted(similarities, key=lambda i: -similarities[i])[:candidate_limit]
-        vector_similarities = {i: similarities[i] for i in set(nearest) | (set(text_matches) & set(similarities))}
+        # The candidate_limit nearest of every vector in scope, plus the text candidates' own.
+        vector_similarities = vectors.nearest(team=team, kin=kin, include_shared=include_shared,
+                                              embedding=embedding, k=candidate_limit, also=set(text_matches))
     fields = {i: (m.importance, m.category, m.updated_at, m.subject) for i, m in text_matches.items()}
     vector_only = set(vector_similarities) - set(text_matches)
     if vector_only:

@@ -86,9 +86,14 @@ def test_turn_and_preview_queries_do_not_grow_with_history_or_memories(team, fak
     # And the fixed number is small (reads, the stored events, the gateway's call log).
     # 2026-12-03: the memory hits come with the full-text candidates, the query lexemes
     # are known from earlier searches, and the turn counts retrievals with its reply (34
-    # and 5 on both databases; 36 and 7 on PostgreSQL before).
-    assert turn_counts[0] <= 34, turn_counts
-    assert preview_counts[0] <= 5, preview_counts
+    # and 5 on both databases; 36 and 7 on PostgreSQL before). 2026-12-04: vector search
+    # scans every vector of the scope from a per-process cache, checked by one read of the
+    # scopes' generations; inside a transaction that has written (as tests run) nothing is
+    # cached, so each search also reads the scopes' vectors: one more read per search
+    # (36 and 6). With the cache warm a search reads only the generations: one read, as the
+    # capped scan was (tests/memories/test_vector_scan.py).
+    assert turn_counts[0] <= 36, turn_counts
+    assert preview_counts[0] <= 6, preview_counts
 
 
 def test_the_preview_api_reads_the_same_fixed_number_of_times(team, api_client):
@@ -107,4 +112,6 @@ def test_the_preview_api_reads_the_same_fixed_number_of_times(team, api_client):
     get(small)()
     counts = [queries_of(get(s), s) for s in (small, both)]
     assert counts[0] == counts[1], counts
-    assert counts[0] <= 7, counts  # 7 on both databases (2026-12-03; 9 on PostgreSQL before)
+    # 7 on both databases (2026-12-03; 9 on PostgreSQL before); 8 since vector search reads
+    # its scopes' generations (2026-12-04: see the test above).
+    assert counts[0] <= 8, counts
