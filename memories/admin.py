@@ -10,7 +10,7 @@ from django.contrib import admin, messages
 
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from memories import services
-from memories.models import EmbeddingRun, Memory, MemoryChange
+from memories.models import EmbeddingRun, Memory, MemoryChange, MemoryVectorScope
 
 
 def _actor(request) -> services.Actor:
@@ -102,3 +102,23 @@ class EmbeddingRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     def progress(self, run):
         percent = 100 if not run.total else min(100, round(100 * run.done / run.total))
         return f"{min(run.done, run.total)} of {run.total} ({percent}%)"
+
+
+@admin.register(MemoryVectorScope)
+class MemoryVectorScopeAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The vector generation of each memory scope (memories.search.vectors' cache check),
+    read-only: database triggers keep it. Plain ids, no team relation: superusers only."""
+
+    list_display = ["id", "team", "kin", "generation", "epoch"]
+    search_fields = ["=team_id", "=kin_key"]
+    fields = list_display
+    readonly_fields = fields
+    show_full_result_count = False
+
+    @admin.display(description="team ID", ordering="team_id")
+    def team(self, scope):
+        return scope.team_id
+
+    @admin.display(description="kin ID", ordering="kin_key")
+    def kin(self, scope):
+        return scope.kin_key or "— (shared memories)"
