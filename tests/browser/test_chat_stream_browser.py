@@ -15,6 +15,7 @@ from sessions_app import services
 from sessions_app.models import Event, IntrospectionRun, Turn
 from tests.browser.conftest import PASSWORD, TIMEOUT_MS, log_in
 from tests.factories import KinFactory, MessageFactory, SessionFactory
+from tests.support.held_model import HeldProvider
 
 pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("empty_turn_events")]
 
@@ -31,30 +32,6 @@ WATCH_STREAMED_TEXT = """() => {
     }
   }).observe(document.getElementById("conversation"), {childList: true, subtree: true, characterData: true});
 }"""
-
-
-class HeldProvider(ScriptedProvider):
-    """A scripted model that, streaming, stops after `hold_after` pieces of text until the test
-    sets `release`: what the page shows mid-reply is then checked without racing the reply."""
-
-    def __init__(self, *args, hold_after: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.hold_after = hold_after
-        self.release = threading.Event()
-
-    def chat(self, messages, *, on_delta=None, **kwargs):
-        if on_delta is None:
-            return super().chat(messages, **kwargs)
-        sent = 0
-
-        def hold_then_pass(piece: str) -> None:
-            nonlocal sent
-            on_delta(piece)
-            sent += 1
-            if sent == self.hold_after:
-                assert self.release.wait(20), "the test never released the model"
-
-        return super().chat(messages, on_delta=hold_then_pass, **kwargs)
 
 
 @pytest.fixture

@@ -5,49 +5,23 @@ transaction (the test client's), GET /turns/{id}/events/ refusing a client that 
 only, and the schema declaring the streams as they are sent."""
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMHTTPError
 from kinsite.services import api_token_issue
 from sessions_app.models import Event, Turn
 from tests.factories import KinFactory, SessionFactory, TeamFactory
 from tests.sessions_app.test_api_access import assert_api_error
+from tests.support.held_model import HeldProvider
 from tests.support.sse import parse_sse, sse_events
 
 pytestmark = pytest.mark.usefixtures("empty_cache")
 
 STREAM = {"Accept": "text/event-stream"}
-
-
-class HeldProvider(ScriptedProvider):
-    """A scripted model that stops streaming after `hold_after` pieces of text until the
-    test sets `release` (`held` is set once it waits)."""
-
-    def __init__(self, *args, hold_after: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.hold_after = hold_after
-        self.held = threading.Event()
-        self.release = threading.Event()
-
-    def chat(self, messages, *, on_delta=None, **kwargs):
-        if on_delta is None:
-            return super().chat(messages, **kwargs)
-        sent = 0
-
-        def hold_then_pass(piece: str) -> None:
-            nonlocal sent
-            on_delta(piece)
-            sent += 1
-            if sent == self.hold_after:
-                self.held.set()
-                assert self.release.wait(10), "the test never released the model"
-
-        return super().chat(messages, on_delta=hold_then_pass, **kwargs)
 
 
 @pytest.fixture
