@@ -29,6 +29,7 @@ from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST, require_safe
 
+from kinsite.api.errors import error_body
 from kinsite.errors import ServiceUnavailable
 from kinsite.prompt_safety import one_line_problem
 from kinsite.selectors import kin_get
@@ -488,7 +489,7 @@ def _entries_html(entries: list[ChatEntry]) -> str:
 
 
 def _refused(code: str, message: str, *, status: int, details: dict | None = None) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message, "details": details or {}}}, status=status)
+    return JsonResponse(error_body(code, message, details), status=status)
 
 
 def _post_partial(request, chat_session, *, entries, form, error=""):

@@ -37,6 +37,7 @@ from django.db import connection
 from django.http import StreamingHttpResponse
 from rest_framework.utils.encoders import JSONEncoder
 
+from kinsite.api.errors import error_body
 from sessions_app.models import Event, Session, Turn
 from sessions_app.turns import UNFINISHED, turn_post
 from sessions_app.turns.events import (
@@ -235,7 +236,7 @@ class _TurnFollower:
     def failure(self, exc: Exception) -> bytes:
         """The stream itself broke (a bug, the database away): the turn may still finish."""
         logger.exception("The event stream of turn %s broke", self.turn_id)
-        return sse_event(event="error", event_id=self.last_id, data=_error_body(
+        return sse_event(event="error", event_id=self.last_id, data=error_body(
             "stream_failed",
             f"The event stream broke ({type(exc).__name__}); the turn may still finish: poll "
             f"GET /api/v1/turns/{self.turn_id}/.",
@@ -244,15 +245,11 @@ class _TurnFollower:
 
     def _error(self, turn: Turn) -> bytes:
         message_id = turn.user_message_id
-        return sse_event(event="error", event_id=self.last_id, data=_error_body(
+        return sse_event(event="error", event_id=self.last_id, data=error_body(
             self.error_code or "turn_failed",
             f"The turn failed: {turn.error} Your message is stored (message {message_id}); see turn {turn.pk}.",
             {"turn": turn.pk, "message": message_id, "stored": True},
         ))
-
-
-def _error_body(code: str, message: str, details: dict) -> dict:
-    return {"error": {"code": code, "message": message, "details": details}}
 
 
 def _sync_stream(follower: _TurnFollower) -> Iterator[bytes]:
