@@ -90,7 +90,8 @@ class MemoryVectorScope(models.Model):
     """The vector generation of one memory scope: a kin's own memories (kin_key = the
     kin's id) or its team's shared ones (kin_key = 0). Database triggers (migration 0006)
     bump `generation` in the transaction of every insert, and every update that changes a
-    memory's vector, model, status, kin or team, and stamp the row's vector_seq with it;
+    memory's model, status, kin or team or its vector (a MemoryVector write, which the
+    trigger of migration 0008 carries to the memory), and stamp the row's vector_seq with it;
     a row leaving the scope (moved, or deleted from the table) changes `epoch`, which makes
     the caches reload the scope. Plain ids, no foreign keys: a trigger writes these rows
     and an orphan (its kin deleted) costs nothing. Read by memories.search.vectors."""
