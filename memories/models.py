@@ -74,10 +74,10 @@ class Memory(models.Model):
 class MemoryVector(models.Model):
     """A memory's embedding (float32, little-endian), made by the memory's embedding_model.
     A table of its own so the memories heap stays narrow: inline, a 384-d vector (1.5 KB,
-    under the 2 KB TOAST threshold) tripled the rows every full-text search reads. Every
-    write here (any path: services, bulk writes, raw SQL) marks the memory's vector_seq
-    through a trigger (migration 0008), so the vector caches see it. Write it through
-    memories.vectorstore."""
+    under PostgreSQL's 2 KB TOAST threshold) made the heap every full-text search reads
+    almost five times as large. Every write here (any path: services, bulk writes, raw
+    SQL) marks the memory's vector_seq through a trigger (migration 0008), so the vector
+    caches see it. The services write it with memories.services.memory_vector_set."""
 
     memory = models.OneToOneField(Memory, primary_key=True, on_delete=models.CASCADE, related_name="vector")
     vector = models.BinaryField()
