@@ -111,8 +111,8 @@ class MemoryVectorAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     re-embedding runs write them (memories.services.memory_vector_set). The vectors
     themselves are never read here (kilobytes of numbers per row)."""
 
-    list_display = ["memory_id", "memory", "model", "dimensions"]
-    fields = ["memory", "model", "dimensions"]
+    list_display = ["memory_id", "memory", "embedding_model", "dimensions"]
+    fields = ["memory", "embedding_model", "dimensions"]
     readonly_fields = fields
     list_select_related = ["memory"]
     search_fields = ["=memory__id"]
@@ -122,7 +122,7 @@ class MemoryVectorAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         return super().get_queryset(request).defer("vector").annotate(vector_bytes=Length("vector"))
 
     @admin.display(description="model")
-    def model(self, row):
+    def embedding_model(self, row):
         return row.memory.embedding_model
 
     @admin.display(description="dimensions")

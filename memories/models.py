@@ -83,7 +83,7 @@ class MemoryVector(models.Model):
     vector = models.BinaryField()
 
     def __str__(self):
-        return f"vector of memory {self.memory_id} ({len(self.vector) // 4} dimensions)"
+        return f"vector of memory {self.memory_id}"
 
 
 class MemoryVectorScope(models.Model):
