@@ -65,17 +65,20 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
         # its twin by (symbols only): only the same text is the same thing.
         return scope.filter(content__iexact=content.strip()).order_by("-updated_at", "-id").first()
 
-    scored: dict[int, float] = {}
+    # The vector scan runs on a scan thread while the full-text query runs on this one.
+    pending = vectors.near_duplicates_start(
+        team=team, kin=kin, embedding=embedding, min_cosine=ranking.DUPLICATE_MIN_COSINE,
+        k=DUPLICATE_VECTOR_CANDIDATES,
+    ) if embedding is not None else None
     text_ids = [match.id for match in _text_scores(
         terms=search_terms, team=team, kin=kin, include_shared=False, limit=DUPLICATE_TEXT_CANDIDATES,
     )]
-    vector_similarities = vectors.nearest(
-        team=team, kin=kin, include_shared=False, embedding=embedding, k=DUPLICATE_VECTOR_CANDIDATES,
-        also=set(text_ids),
-    ) if embedding is not None else {}
+    vector_similarities = pending.result(also=set(text_ids)) if pending is not None else {}
     near_vectors = [i for i, s in vector_similarities.items() if s >= ranking.DUPLICATE_MIN_COSINE]
-    candidates = scope.filter(pk__in=set(text_ids) | set(near_vectors)).only("id", "content", "subject")
+    # The candidates are read whole (but their vectors), so the duplicate is not read again.
+    candidates = scope.filter(pk__in=set(text_ids) | set(near_vectors)).defer("embedding")
     by_id = {memory.pk: memory for memory in candidates}
+    scored: dict[int, float] = {}
     for memory in by_id.values():
         old_terms = ranking.term_set(memory.content)
         similarity = vector_similarities.get(memory.pk)
@@ -84,8 +87,7 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
             scored[memory.pk] = max(ranking.jaccard(new_terms, old_terms), similarity or 0.0)
     if not scored:
         return None
-    best_id = max(scored, key=lambda memory_id: (scored[memory_id], memory_id))
-    return Memory.objects.get(pk=best_id)
+    return by_id[max(scored, key=lambda memory_id: (scored[memory_id], memory_id))]
 
 
 # --- search -----------------------------------------------------------------------------------
@@ -104,14 +106,14 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
     # Ranking may reorder BM25's list by importance, recency and subject, so it gets
     # more than `limit` candidates to choose from.
     candidate_limit = max(limit * 5, 50)
+    embedding = memory_embed(team=team, kin=kin, text=" ".join(query.split())[:8000], purpose="memory_search")
+    # The candidate_limit nearest of every vector in scope, scanned on a scan thread while
+    # the full-text query runs on this one; then the text candidates' own similarities.
+    pending = vectors.nearest_start(team=team, kin=kin, include_shared=include_shared, embedding=embedding,
+                                    k=candidate_limit) if embedding is not None else None
     text_matches = {match.id: match for match in _text_scores(
         terms=terms, team=team, kin=kin, include_shared=include_shared, limit=candidate_limit)}
-    vector_similarities: dict[int, float] = {}
-    embedding = memory_embed(team=team, kin=kin, text=" ".join(query.split())[:8000], purpose="memory_search")
-    if embedding is not None:
-        # The candidate_limit nearest of every vector in scope, plus the text candidates' own.
-        vector_similarities = vectors.nearest(team=team, kin=kin, include_shared=include_shared,
-                                              embedding=embedding, k=candidate_limit, also=set(text_matches))
+    vector_similarities = pending.result(also=set(text_matches)) if pending is not None else {}
     fields = {i: (m.importance, m.category, m.updated_at, m.subject) for i, m in text_matches.items()}
     vector_only = set(vector_similarities) - set(text_matches)
     if vector_only:
