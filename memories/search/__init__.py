@@ -18,7 +18,7 @@ from memories import ranking
 from memories.embeddings import Embedding, memory_embed
 from memories.models import Memory
 from memories.search import postgres, sqlite, vectors
-from memories.search.candidates import TextMatch, memory_from_row, scope_sql
+from memories.search.candidates import TextMatch, matches_by_id, memory_from_row, scope_sql
 from memories.selectors import memory_list
 
 
@@ -114,24 +114,21 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
     text_matches = {match.id: match for match in _text_scores(
         terms=terms, team=team, kin=kin, include_shared=include_shared, limit=candidate_limit)}
     vector_similarities = pending.result(also=set(text_matches)) if pending is not None else {}
-    fields = {i: (m.importance, m.category, m.updated_at, m.subject) for i, m in text_matches.items()}
-    vector_only = set(vector_similarities) - set(text_matches)
-    if vector_only:
-        rows = Memory.objects.filter(pk__in=vector_only, status=Memory.Status.ACTIVE).values_list(
-            "id", "importance", "category", "updated_at", "subject")
-        fields.update((row[0], row[1:]) for row in rows)
+    # The memories found by vector alone, read once: ranking's fields, and the hits' rows.
+    matches = {**{match.id: match for match in matches_by_id(set(vector_similarities) - set(text_matches))},
+               **text_matches}
     candidates = [
         ranking.Candidate(
             id=memory_id,
-            text_score=text_matches[memory_id].score if memory_id in text_matches else 0.0,
+            text_score=match.score,
             vector_similarity=vector_similarities.get(memory_id),
-            importance=importance,
-            category=memory_category,
-            updated_at=updated_at,
-            subject=subject,
+            importance=match.importance,
+            category=match.category,
+            updated_at=match.updated_at,
+            subject=match.subject,
         )
-        for memory_id, (importance, memory_category, updated_at, subject) in fields.items()
-        if not category or memory_category == category
+        for memory_id, match in matches.items()
+        if not category or match.category == category
     ]
     if not candidates:
         return []
@@ -139,19 +136,15 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
                           half_life_days=settings.MEMORY_HALF_LIFE_DAYS, limit=limit)
     if not ranked:
         return []
-    memories = _hit_memories([r.id for r in ranked], text_matches, kin=kin)
-    return [MemoryHit(memory=memories[r.id], score=r.score, components=r.components())
-            for r in ranked if r.id in memories]
+    memories = _hit_memories([r.id for r in ranked], matches, kin=kin)
+    return [MemoryHit(memory=memories[r.id], score=r.score, components=r.components()) for r in ranked]
 
 
-def _hit_memories(ids: list[int], text_matches: dict[int, TextMatch], *, kin: Kin | None) -> dict[int, Memory]:
-    """The hits as model instances (only the hits: building one per candidate was a third
-    of a search's time). Full-text hits come from their candidate rows; only hits found by
-    vector alone are read. Their kin is the searching kin or none (the scope), so it is
-    set here rather than joined."""
-    memories = {i: memory_from_row(text_matches[i].row) for i in ids if i in text_matches}
-    if missing := [i for i in ids if i not in memories]:
-        memories.update(Memory.objects.filter(pk__in=missing, status=Memory.Status.ACTIVE).defer("embedding").in_bulk())
+def _hit_memories(ids: list[int], matches: dict[int, TextMatch], *, kin: Kin | None) -> dict[int, Memory]:
+    """The hits as model instances, from their candidate rows (only the hits: building one
+    per candidate was a third of a search's time). Their kin is the searching kin or none
+    (the scope), so it is set here rather than joined."""
+    memories = {i: memory_from_row(matches[i].row) for i in ids}
     kin_field = Memory._meta.get_field("kin")
     for memory in memories.values():
         if memory.kin_id is None:
