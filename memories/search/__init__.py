@@ -2,10 +2,11 @@
 dashboard (memory_search), and the near-duplicate lookup of memory writes.
 
 Search reads the database once for candidates (full-text BM25: postgres.py or sqlite.py,
-plus the nearest of every vector in scope, vectors.py, when an embedder is configured)
-and leaves the scoring to the pure functions of memories.ranking. It only reads memories; embedding the query is
-the embedding service's (memories.embeddings, an LLMCall row), and counting retrievals
-is the caller's (memories.services.memory_hits_mark_retrieved)."""
+plus the nearest of every vector in scope, vectors.py, when an embedder is configured,
+scanned on a scan thread meanwhile) and leaves the scoring to the pure functions of
+memories.ranking. It only reads memories; embedding the query is the embedding
+service's (memories.embeddings, an LLMCall row), and counting retrievals is the
+caller's (memories.services.memory_hits_mark_retrieved)."""
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -46,8 +47,9 @@ def _text_scores(*, terms: list[str], team: Team, kin: Kin | None, include_share
 # How many full-text neighbours are compared term by term: a true duplicate shares
 # nearly all its terms, so it ranks at the top of its own BM25 search.
 DUPLICATE_TEXT_CANDIDATES = 20
-# How many nearest vectors are compared (those at DUPLICATE_MIN_COSINE or more), among
-# every vector of the scope; the text candidates' similarities come with them.
+# How many of the vectors at DUPLICATE_MIN_COSINE or more are compared (the nearest),
+# among every vector of the scope (vectors.near_duplicates_start); the text candidates'
+# similarities come with them.
 DUPLICATE_VECTOR_CANDIDATES = 20
 
 

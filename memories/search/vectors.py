@@ -16,7 +16,12 @@ after the cached one, patched into the matrix; a newer epoch (a memory left the 
 or another scope row (the scope was recreated) a reload. A reader whose own transaction
 has written (so it may see uncommitted rows that could roll back; on SQLite, any reader
 inside a transaction block) uses what it reads for its query but never stores it in the
-cache."""
+cache.
+
+Search scans the float vectors exactly (nearest_start); the duplicate check, which wants
+only near-identical vectors, compares bit codes first and exact cosines of a shortlist
+(near_duplicates_start; see CODE_BITS). Both read the database on the caller's thread and
+leave the numpy work to a scan thread, so it overlaps the caller's full-text query."""
 import os
 import threading
 from collections import OrderedDict
