@@ -191,6 +191,8 @@ class _View:
     the cached matrix (`extra_ids`, `extra_vectors`). Its methods run under the matrix lock."""
 
     matrix: _Matrix
+    # False: the matrix was read for this query alone (not cached).
+    kept: bool = True
     hidden: frozenset[int] = frozenset()
     extra_ids: np.ndarray | None = None
     extra_vectors: np.ndarray | None = None
@@ -225,17 +227,26 @@ class _View:
         """(ids, cosines) of the rows at min_cosine or more among the DUPLICATE_SHORTLIST
         nearest by bit code, and of the extra rows (all compared exactly)."""
         matrix = self.matrix
-        distance = _hamming(matrix.ensure_codes()[:, : matrix.size], code)
-        dead = np.iinfo(distance.dtype).max
-        if matrix.dropped:
-            distance[~matrix.alive[: matrix.size]] = dead
-        distance[self._hidden_rows()] = dead
-        if len(distance) > DUPLICATE_SHORTLIST:
-            rows = np.argpartition(distance, DUPLICATE_SHORTLIST - 1)[:DUPLICATE_SHORTLIST]
+        if self.kept or matrix.codes is not None:
+            distance = _hamming(matrix.ensure_codes()[:, : matrix.size], code)
+            far = np.iinfo(distance.dtype).max
+            if matrix.dropped:
+                distance[~matrix.alive[: matrix.size]] = far
+            distance[self._hidden_rows()] = far
+            if len(distance) > DUPLICATE_SHORTLIST:
+                rows = np.argpartition(distance, DUPLICATE_SHORTLIST - 1)[:DUPLICATE_SHORTLIST]
+            else:
+                rows = np.arange(len(distance))
+            rows = rows[distance[rows] < far]
+            cosines = matrix.vectors[rows] @ query
         else:
-            rows = np.arange(len(distance))
-        rows = rows[distance[rows] < dead]
-        cosines = matrix.vectors[rows] @ query
+            # A matrix read for this query alone: building its codes would cost more than
+            # the exact scan.
+            cosines = matrix.vectors[: matrix.size] @ query
+            if matrix.dropped:
+                cosines[~matrix.alive[: matrix.size]] = -np.inf
+            cosines[self._hidden_rows()] = -np.inf
+            rows = np.arange(matrix.size)
         keep = cosines >= min_cosine
         return self._with_extra(matrix.ids[rows[keep]], cosines[keep], query, min_cosine)
 
@@ -277,17 +288,19 @@ def _cache_get(key: tuple) -> _Matrix | None:
         return matrix
 
 
-def _cache_put(key: tuple, matrix: _Matrix) -> None:
+def _cache_put(key: tuple, matrix: _Matrix) -> bool:
+    """Cache the matrix (False: it is larger than the cap)."""
     cap = settings.MEMORY_VECTOR_CACHE_MB * 1024 * 1024
     with _cache_lock:
         _cache.pop(key, None)
         if matrix.nbytes > cap:
-            return
+            return False
         _cache[key] = matrix
         total = sum(m.nbytes for m in _cache.values())
         while total > cap:
             _, evicted = _cache.popitem(last=False)
             total -= evicted.nbytes
+    return True
 
 
 def _cache_key(team_id: int, kin_key: int, model: str, dims: int) -> tuple:
@@ -428,9 +441,8 @@ def _views(team_id: int, kin_keys: list[int], model: str, dims: int) -> list[_Vi
     for kin_key in kin_keys:
         if kin_key in loaded:
             matrix = loaded[kin_key]
-            if states[kin_key].committed_view:
-                _cache_put(keys[kin_key], matrix)
-            views.append(_View(matrix))
+            kept = states[kin_key].committed_view and _cache_put(keys[kin_key], matrix)
+            views.append(_View(matrix, kept=kept))
         else:
             views.append(_view(cached[kin_key], team_id, kin_key, model, states[kin_key]))
     return views

@@ -311,12 +311,17 @@ def duplicates(team, kin, embedding, also=frozenset()):
                                          min_cosine=ranking.DUPLICATE_MIN_COSINE, k=20).result(also)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_prefilter_finds_every_duplicate_among_thousands_and_hundreds_of_neighbours(team, kin):
+    """Committed rows, so the matrix is cached and the check goes through the bit codes."""
     embedding, rows = planted(team, kin, np.random.default_rng(1))
     cosines = exact(embedding, rows)
     expected = {i for i, c in cosines.items() if c >= ranking.DUPLICATE_MIN_COSINE}
     assert len(expected) == 3 and len(rows) > 10 * vectors.DUPLICATE_SHORTLIST
+    vectors.nearest(team=team, kin=kin, include_shared=False, embedding=embedding, k=1)
+    cached = vectors.vector_cache_bytes()
     found = duplicates(team, kin, embedding)
+    assert vectors.vector_cache_bytes() > cached  # its bit codes were built
     assert set(found) == expected
     for memory_id, cosine in found.items():
         assert cosine == pytest.approx(cosines[memory_id], abs=1e-5)
@@ -326,15 +331,18 @@ def test_prefilter_finds_every_duplicate_among_thousands_and_hundreds_of_neighbo
 
 
 def test_duplicate_check_finds_by_meaning_among_thousands(team, kin):
+    """Rows this test's transaction wrote: the matrix serves this check alone (not cached),
+    so it is scanned exactly rather than coded."""
     embedding, rows = planted(team, kin, np.random.default_rng(2))
     best = max(exact(embedding, rows).items(), key=lambda item: item[1])[0]
     found = memory_find_duplicate(team=team, kin=kin, content="Maria prefers green tea", embedding=embedding)
     assert found is not None and found.pk == best
 
 
+@pytest.mark.django_db(transaction=True)
 def test_prefilter_keeps_exact_answers_over_many_queries(team, kin):
-    """Twenty scopes' worth of queries against one scope: whatever the query, the rows at
-    the threshold or more are exactly those the full scan finds."""
+    """Twenty queries against one cached scope of clusters: whatever the query, the rows
+    at the threshold or more are exactly those the full scan finds."""
     rng = np.random.default_rng(3)
     base = [unit(rng.standard_normal(DIMS)) for _ in range(40)]
     # Clusters: each base vector with 60 variants at cosine 0.85-1.0, so many queries have
