@@ -477,12 +477,17 @@ os.register_at_fork(after_in_child=_forget_executor)
 
 
 class PendingSimilarities:
-    """Similarities being computed on a scan thread; result() waits for them."""
+    """Similarities being computed on a scan thread (or, with threaded False, computed
+    already: nothing would overlap the scan); result() waits for them."""
 
     def __init__(self, views: list[_View], query: np.ndarray | None = None,
-                 scan: Callable[[_View], tuple] | None = None, k: int = 0):
+                 scan: Callable[[_View], tuple] | None = None, k: int = 0, *, threaded: bool = True):
         self._views, self._query, self._k = views, query, k
-        self._future = _scan_executor().submit(self._run, scan) if views else None
+        self._future, self._found = None, {}
+        if views and threaded:
+            self._future = _scan_executor().submit(self._run, scan)
+        elif views:
+            self._found = self._run(scan)
 
     def _run(self, scan: Callable[[_View], tuple]) -> dict[int, float]:
         parts = []
@@ -499,9 +504,7 @@ class PendingSimilarities:
     def result(self, also: set[int] | frozenset[int] = frozenset()) -> dict[int, float]:
         """The similarities found, plus those of the memories in `also` (e.g. text
         candidates) that have a vector in scope, looked up row by row."""
-        if self._future is None:
-            return {}
-        found = self._future.result()
+        found = self._future.result() if self._future is not None else self._found
         if wanted := set(also) - found.keys():
             for view in self._views:
                 with view.matrix.lock:
@@ -520,7 +523,7 @@ def _kin_keys(kin: Kin | None, include_shared: bool) -> list[int]:
 
 
 def nearest_start(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Embedding,
-                  k: int) -> PendingSimilarities:
+                  k: int, threaded: bool = True) -> PendingSimilarities:
     """Start finding the `k` active memories of the scope nearest to `embedding` (a kin's
     own plus, with include_shared, the team-shared ones; kin=None: the shared ones only),
     among every vector of the scope the same model made. The scope's rows are read now,
@@ -529,7 +532,7 @@ def nearest_start(*, team: Team, kin: Kin | None, include_shared: bool, embeddin
     if query is None or k <= 0:
         return PendingSimilarities([])
     views = _views(team.pk, _kin_keys(kin, include_shared), embedding.model, len(query))
-    return PendingSimilarities(views, query, lambda view: view.top(query, k), k=k)
+    return PendingSimilarities(views, query, lambda view: view.top(query, k), k=k, threaded=threaded)
 
 
 def near_duplicates_start(*, team: Team, kin: Kin | None, embedding: Embedding, min_cosine: float,
@@ -547,7 +550,8 @@ def near_duplicates_start(*, team: Team, kin: Kin | None, embedding: Embedding, 
 
 def nearest(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Embedding, k: int,
             also: set[int] | frozenset[int] = frozenset()) -> dict[int, float]:
-    """nearest_start(...).result(also): the k nearest's similarities by memory id, plus
-    those of the memories in `also` that have a vector in scope."""
+    """nearest_start(...).result(also), on this thread (there is nothing to overlap): the k
+    nearest's similarities by memory id, plus those of the memories in `also` that have a
+    vector in scope."""
     return nearest_start(team=team, kin=kin, include_shared=include_shared, embedding=embedding,
-                         k=k).result(also)
+                         k=k, threaded=False).result(also)
