@@ -454,7 +454,7 @@ def _views(team_id: int, kin_keys: list[int], model: str, dims: int) -> list[_Vi
 # full-text query: BLAS releases the GIL, and so does psycopg while PostgreSQL works, so
 # the two overlap (at 100,000 memories each takes several milliseconds). Only numpy runs
 # here, never a database read. Created on first use, and again in a forked child
-# (threads do not survive a fork).
+# (threads do not survive a fork, and the locks they held would stay held).
 _SCAN_THREADS = 4
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
@@ -468,12 +468,14 @@ def _scan_executor() -> ThreadPoolExecutor:
         return _executor
 
 
-def _forget_executor() -> None:
-    global _executor, _executor_lock
+def _after_fork_in_child() -> None:
+    # A scan thread of the parent may have held a lock at the fork: the child starts anew.
+    global _executor, _executor_lock, _cache, _cache_lock
     _executor, _executor_lock = None, threading.Lock()
+    _cache, _cache_lock = OrderedDict(), threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_executor)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class PendingSimilarities:

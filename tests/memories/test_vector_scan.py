@@ -2,6 +2,9 @@
 scanned, however many newer memories there are; models and scopes are never mixed; and
 each process's cached matrices follow writes made by any path, in any process, once
 committed (never a write that rolled back)."""
+import os
+import signal
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -416,3 +419,21 @@ def test_bit_codes_follow_committed_writes_through_growth(team, kin, monkeypatch
     Memory.objects.filter(pk=min(dup_ids)).update(status=Memory.Status.DELETED)
     assert set(duplicates(team, kin, embedding)) == dup_ids - {min(dup_ids)} | {added[-1].pk}
     assert len(loads) == 1  # patched, not reloaded
+
+
+def test_a_forked_child_gets_its_own_scan_threads_and_cache():
+    """A Celery or gunicorn child forked while the parent's scan threads ran (or held the
+    cache's lock) neither waits on those threads nor on that lock."""
+    vectors._scan_executor().submit(int).result()  # the parent's scan threads exist
+    with vectors._cache_lock:
+        pid = os.fork()
+        if pid == 0:  # the child: every step must finish (a hang would fail the wait below)
+            ok = vectors.vector_cache_bytes() == 0 and vectors._scan_executor().submit(int, "2").result(timeout=5) == 2
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 10
+    while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if waited == (0, 0):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert waited[0] == pid and os.waitstatus_to_exitcode(waited[1]) == 0
