@@ -216,10 +216,9 @@ class _View:
         if matrix.dropped:
             cosines[~matrix.alive[: matrix.size]] = -np.inf
         cosines[self._hidden_rows()] = -np.inf
-        if k < len(cosines):
-            rows = np.argpartition(cosines, len(cosines) - k)[len(cosines) - k:]
-        else:
-            rows = np.arange(len(cosines))
+        # The k smallest of the negated cosines, not the k largest: numpy's introselect with
+        # kth near the end was up to six times slower on tied values.
+        rows = np.argpartition(-cosines, k - 1)[:k] if k < len(cosines) else np.arange(len(cosines))
         rows = rows[cosines[rows] > -np.inf]
         return self._with_extra(matrix.ids[rows], cosines[rows], query)
 
@@ -499,7 +498,7 @@ class PendingSimilarities:
         ids = np.concatenate([part[0] for part in parts])
         cosines = np.concatenate([part[1] for part in parts])
         if self._k < len(ids):  # (each scope gave its k best)
-            best = np.argpartition(cosines, len(cosines) - self._k)[len(cosines) - self._k:]
+            best = np.argpartition(-cosines, self._k - 1)[: self._k]
             ids, cosines = ids[best], cosines[best]
         return dict(zip(ids.tolist(), cosines.tolist(), strict=True))
 
