@@ -2,10 +2,11 @@
 dashboard (memory_search), and the near-duplicate lookup of memory writes.
 
 Search reads the database once for candidates (full-text BM25: postgres.py or sqlite.py,
-plus the nearest of every vector in scope, vectors.py, when an embedder is configured)
-and leaves the scoring to the pure functions of memories.ranking. It only reads memories; embedding the query is
-the embedding service's (memories.embeddings, an LLMCall row), and counting retrievals
-is the caller's (memories.services.memory_hits_mark_retrieved)."""
+plus the nearest of every vector in scope, vectors.py, when an embedder is configured,
+scanned on a scan thread meanwhile) and leaves the scoring to the pure functions of
+memories.ranking. It only reads memories; embedding the query is the embedding
+service's (memories.embeddings, an LLMCall row), and counting retrievals is the
+caller's (memories.services.memory_hits_mark_retrieved)."""
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -18,7 +19,7 @@ from memories import ranking
 from memories.embeddings import Embedding, memory_embed
 from memories.models import Memory
 from memories.search import postgres, sqlite, vectors
-from memories.search.candidates import TextMatch, memory_from_row, scope_sql
+from memories.search.candidates import TextMatch, matches_by_id, memory_from_row, scope_sql
 from memories.selectors import memory_list
 
 
@@ -46,8 +47,9 @@ def _text_scores(*, terms: list[str], team: Team, kin: Kin | None, include_share
 # How many full-text neighbours are compared term by term: a true duplicate shares
 # nearly all its terms, so it ranks at the top of its own BM25 search.
 DUPLICATE_TEXT_CANDIDATES = 20
-# How many nearest vectors are compared (those at DUPLICATE_MIN_COSINE or more), among
-# every vector of the scope; the text candidates' similarities come with them.
+# How many of the vectors at DUPLICATE_MIN_COSINE or more are compared (the nearest),
+# among every vector of the scope (vectors.near_duplicates_start); the text candidates'
+# similarities come with them.
 DUPLICATE_VECTOR_CANDIDATES = 20
 
 
@@ -65,17 +67,20 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
         # its twin by (symbols only): only the same text is the same thing.
         return scope.filter(content__iexact=content.strip()).order_by("-updated_at", "-id").first()
 
-    scored: dict[int, float] = {}
+    # The vector scan runs on a scan thread while the full-text query runs on this one.
+    pending = vectors.near_duplicates_start(
+        team=team, kin=kin, embedding=embedding, min_cosine=ranking.DUPLICATE_MIN_COSINE,
+        k=DUPLICATE_VECTOR_CANDIDATES,
+    ) if embedding is not None else None
     text_ids = [match.id for match in _text_scores(
         terms=search_terms, team=team, kin=kin, include_shared=False, limit=DUPLICATE_TEXT_CANDIDATES,
     )]
-    vector_similarities = vectors.nearest(
-        team=team, kin=kin, include_shared=False, embedding=embedding, k=DUPLICATE_VECTOR_CANDIDATES,
-        also=set(text_ids),
-    ) if embedding is not None else {}
+    vector_similarities = pending.result(also=set(text_ids)) if pending is not None else {}
     near_vectors = [i for i, s in vector_similarities.items() if s >= ranking.DUPLICATE_MIN_COSINE]
-    candidates = scope.filter(pk__in=set(text_ids) | set(near_vectors)).only("id", "content", "subject")
+    # The candidates are read whole (their vectors live in MemoryVector), so the duplicate is not read again.
+    candidates = scope.filter(pk__in=set(text_ids) | set(near_vectors))
     by_id = {memory.pk: memory for memory in candidates}
+    scored: dict[int, float] = {}
     for memory in by_id.values():
         old_terms = ranking.term_set(memory.content)
         similarity = vector_similarities.get(memory.pk)
@@ -84,8 +89,7 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
             scored[memory.pk] = max(ranking.jaccard(new_terms, old_terms), similarity or 0.0)
     if not scored:
         return None
-    best_id = max(scored, key=lambda memory_id: (scored[memory_id], memory_id))
-    return Memory.objects.get(pk=best_id)
+    return by_id[max(scored, key=lambda memory_id: (scored[memory_id], memory_id))]
 
 
 # --- search -----------------------------------------------------------------------------------
@@ -104,32 +108,29 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
     # Ranking may reorder BM25's list by importance, recency and subject, so it gets
     # more than `limit` candidates to choose from.
     candidate_limit = max(limit * 5, 50)
+    embedding = memory_embed(team=team, kin=kin, text=" ".join(query.split())[:8000], purpose="memory_search")
+    # The candidate_limit nearest of every vector in scope, scanned on a scan thread while
+    # the full-text query runs on this one; then the text candidates' own similarities.
+    pending = vectors.nearest_start(team=team, kin=kin, include_shared=include_shared, embedding=embedding,
+                                    k=candidate_limit) if embedding is not None else None
     text_matches = {match.id: match for match in _text_scores(
         terms=terms, team=team, kin=kin, include_shared=include_shared, limit=candidate_limit)}
-    vector_similarities: dict[int, float] = {}
-    embedding = memory_embed(team=team, kin=kin, text=" ".join(query.split())[:8000], purpose="memory_search")
-    if embedding is not None:
-        # The candidate_limit nearest of every vector in scope, plus the text candidates' own.
-        vector_similarities = vectors.nearest(team=team, kin=kin, include_shared=include_shared,
-                                              embedding=embedding, k=candidate_limit, also=set(text_matches))
-    fields = {i: (m.importance, m.category, m.updated_at, m.subject) for i, m in text_matches.items()}
-    vector_only = set(vector_similarities) - set(text_matches)
-    if vector_only:
-        rows = Memory.objects.filter(pk__in=vector_only, status=Memory.Status.ACTIVE).values_list(
-            "id", "importance", "category", "updated_at", "subject")
-        fields.update((row[0], row[1:]) for row in rows)
+    vector_similarities = pending.result(also=set(text_matches)) if pending is not None else {}
+    # The memories found by vector alone, read once: ranking's fields, and the hits' rows.
+    matches = {**{match.id: match for match in matches_by_id(set(vector_similarities) - set(text_matches))},
+               **text_matches}
     candidates = [
         ranking.Candidate(
             id=memory_id,
-            text_score=text_matches[memory_id].score if memory_id in text_matches else 0.0,
+            text_score=match.score,
             vector_similarity=vector_similarities.get(memory_id),
-            importance=importance,
-            category=memory_category,
-            updated_at=updated_at,
-            subject=subject,
+            importance=match.importance,
+            category=match.category,
+            updated_at=match.updated_at,
+            subject=match.subject,
         )
-        for memory_id, (importance, memory_category, updated_at, subject) in fields.items()
-        if not category or memory_category == category
+        for memory_id, match in matches.items()
+        if not category or match.category == category
     ]
     if not candidates:
         return []
@@ -137,19 +138,15 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
                           half_life_days=settings.MEMORY_HALF_LIFE_DAYS, limit=limit)
     if not ranked:
         return []
-    memories = _hit_memories([r.id for r in ranked], text_matches, kin=kin)
-    return [MemoryHit(memory=memories[r.id], score=r.score, components=r.components())
-            for r in ranked if r.id in memories]
+    memories = _hit_memories([r.id for r in ranked], matches, kin=kin)
+    return [MemoryHit(memory=memories[r.id], score=r.score, components=r.components()) for r in ranked]
 
 
-def _hit_memories(ids: list[int], text_matches: dict[int, TextMatch], *, kin: Kin | None) -> dict[int, Memory]:
-    """The hits as model instances (only the hits: building one per candidate was a third
-    of a search's time). Full-text hits come from their candidate rows; only hits found by
-    vector alone are read. Their kin is the searching kin or none (the scope), so it is
-    set here rather than joined."""
-    memories = {i: memory_from_row(text_matches[i].row) for i in ids if i in text_matches}
-    if missing := [i for i in ids if i not in memories]:
-        memories.update(Memory.objects.filter(pk__in=missing, status=Memory.Status.ACTIVE).in_bulk())
+def _hit_memories(ids: list[int], matches: dict[int, TextMatch], *, kin: Kin | None) -> dict[int, Memory]:
+    """The hits as model instances, from their candidate rows (only the hits: building one
+    per candidate was a third of a search's time). Their kin is the searching kin or none
+    (the scope), so it is set here rather than joined."""
+    memories = {i: memory_from_row(matches[i].row) for i in ids}
     kin_field = Memory._meta.get_field("kin")
     for memory in memories.values():
         if memory.kin_id is None:

@@ -64,3 +64,23 @@ def memory_from_row(row: tuple) -> Memory:
     values = [aware_datetime(value) if i in _HIT_TIMESTAMPS and value is not None else value
               for i, value in enumerate(row)]
     return Memory.from_db(connection.alias, _HIT_ATTNAMES, values)
+
+
+_HIT_POSITION = {attname: i for i, attname in enumerate(_HIT_ATTNAMES)}
+
+
+def matches_by_id(ids: set[int]) -> list[TextMatch]:
+    """The active memories among `ids` as TextMatches of score 0 (candidates found by vector
+    alone), in one query: the fields ranking needs and, for the hits, the row."""
+    if not ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {hit_columns_sql('m')} FROM {Memory._meta.db_table} m"
+            f" WHERE m.status = %s AND m.id IN ({', '.join(['%s'] * len(ids))})",
+            [Memory.Status.ACTIVE, *ids],
+        )
+        rows = cursor.fetchall()
+    at = _HIT_POSITION
+    return [TextMatch(row[at["id"]], 0.0, row[at["importance"]], row[at["category"]],
+                      aware_datetime(row[at["updated_at"]]), row[at["subject"]], row) for row in rows]

@@ -16,9 +16,17 @@ after the cached one, patched into the matrix; a newer epoch (a memory left the 
 or another scope row (the scope was recreated) a reload. A reader whose own transaction
 has written (so it may see uncommitted rows that could roll back; on SQLite, any reader
 inside a transaction block) uses what it reads for its query but never stores it in the
-cache."""
+cache.
+
+Search scans the float vectors exactly (nearest_start); the duplicate check, which wants
+only near-identical vectors, compares bit codes first and exact cosines of a shortlist
+(near_duplicates_start; see CODE_BITS). Both read the database on the caller's thread and
+leave the numpy work to a scan thread, so it overlaps the caller's full-text query."""
+import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +60,8 @@ class _State:
 
 class _Matrix:
     """One scope's vectors of one model and size: row i holds memory ids[i], normalised;
-    rows past `size` are spare, rows with alive False were dropped."""
+    rows past `size` are spare, rows with alive False were dropped. `codes` are the rows'
+    bit codes for the duplicate check (see _bit_codes), built on its first use."""
 
     def __init__(self, *, dims: int, state: _State, ids: list[int], vectors: np.ndarray):
         self.dims = dims
@@ -65,16 +74,19 @@ class _Matrix:
         self.vectors[: self.size] = vectors
         self.alive = np.zeros(capacity, dtype=bool)
         self.alive[: self.size] = True
+        self.codes: np.ndarray | None = None
         self.row_of = {memory_id: row for row, memory_id in enumerate(ids)}
         self.dropped = 0
         self.lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
-        return self.vectors.nbytes + self.ids.nbytes + self.alive.nbytes
+        codes = 0 if self.codes is None else self.codes.nbytes
+        return self.vectors.nbytes + self.ids.nbytes + self.alive.nbytes + codes
 
     def patch(self, changes: dict[int, np.ndarray | None], state: _State) -> None:
         """Apply changed rows (a normalised vector, or None: no longer in this matrix)."""
+        written = []
         for memory_id, vector in changes.items():
             row = self.row_of.get(memory_id)
             if vector is None:
@@ -93,6 +105,9 @@ class _Matrix:
                 self.dropped -= 1
             self.vectors[row] = vector
             self.alive[row] = True
+            written.append(row)
+        if written and self.codes is not None:
+            self.codes[:, written] = _bit_codes(self.vectors[written])
         if self.dropped > _COMPACT_SHARE * max(self.size, 1):
             self._compact()
         if state.generation > self.state.generation:
@@ -105,6 +120,10 @@ class _Matrix:
             new = np.zeros((capacity, *old.shape[1:]), dtype=old.dtype)
             new[: self.size] = old[: self.size]
             setattr(self, name, new)
+        if self.codes is not None:  # (one column per row)
+            codes = np.zeros((self.codes.shape[0], capacity), dtype=self.codes.dtype)
+            codes[:, : self.size] = self.codes[:, : self.size]
+            self.codes = codes
 
     def _compact(self) -> None:
         keep = np.flatnonzero(self.alive[: self.size])
@@ -112,18 +131,136 @@ class _Matrix:
         self.__init__(dims=self.dims, state=self.state, ids=ids.tolist(), vectors=vectors)
         self.lock = lock
 
-    def scores(self, query: np.ndarray, hidden: set[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, cosines) of the live rows but those in `hidden`. The product runs over the
-        matrix in place (selecting the live rows first would copy it)."""
-        cosines = self.vectors[: self.size] @ query
-        if not self.dropped and not hidden:
-            return self.ids[: self.size].copy(), cosines
-        live = self.alive[: self.size].copy()
-        for memory_id in hidden:
-            row = self.row_of.get(memory_id)
-            if row is not None:
-                live[row] = False
-        return self.ids[: self.size][live], cosines[live]
+    def ensure_codes(self) -> np.ndarray:
+        if self.codes is None:
+            codes = np.zeros((_CODE_WORDS, len(self.ids)), dtype=np.uint64)
+            for start in range(0, self.size, _CODE_CHUNK):
+                stop = min(start + _CODE_CHUNK, self.size)
+                codes[:, start:stop] = _bit_codes(self.vectors[start:stop])
+            self.codes = codes
+        return self.codes
+
+
+# --- bit codes: the duplicate check's prefilter ------------------------------------------------
+
+# The duplicate check wants only the vectors at DUPLICATE_MIN_COSINE (0.93) or more, so it
+# does not scan the float vectors: it compares CODE_BITS-bit codes (SimHash: the signs of
+# the vector's projections on fixed random directions) by Hamming distance, 32 bytes a
+# row instead of 1,536, then computes the exact cosine of the DUPLICATE_SHORTLIST rows
+# nearest by code, so what it returns is exact. A bit differs with probability angle/π
+# whatever the vectors look like (the signs of the raw coordinates would depend on the
+# embedding: a sparse or anisotropic one shares most signs), so a vector at cosine 0.93
+# (0.376 rad) differs in 30.6 of 256 bits on average (standard deviation 5.2), one at
+# cosine 0.2 in 112 (7.9): a duplicate is missed only when more than the shortlist of
+# rows are nearer by code, i.e. when hundreds of memories are near-duplicates themselves.
+CODE_BITS = 256
+DUPLICATE_SHORTLIST = 256
+_CODE_WORDS = CODE_BITS // 64
+# Rows projected at a time when a matrix's codes are built (bounds the temporary array).
+_CODE_CHUNK = 8192
+_directions: dict[int, np.ndarray] = {}
+
+
+def _bit_codes(vectors: np.ndarray) -> np.ndarray:
+    """The codes of (n, dims) vectors, as (CODE_WORDS, n) uint64: word w of every row is
+    contiguous, so the Hamming distances are computed a word at a time over all rows."""
+    dims = vectors.shape[1]
+    directions = _directions.get(dims)
+    if directions is None:
+        # Fixed seed: every process (and every matrix) projects on the same directions.
+        directions = np.random.default_rng(dims).standard_normal((dims, CODE_BITS), dtype=np.float32)
+        _directions[dims] = directions
+    bits = np.packbits(vectors @ directions > 0, axis=1)  # (n, CODE_BITS / 8) uint8
+    return np.ascontiguousarray(bits.view(np.uint64).T)
+
+
+def _hamming(codes: np.ndarray, code: np.ndarray) -> np.ndarray:
+    """Bits differing between each column of `codes` and `code` (one column), as uint16."""
+    distance = np.bitwise_count(codes[0] ^ code[0]).astype(np.uint16)
+    for word in range(1, len(codes)):
+        distance += np.bitwise_count(codes[word] ^ code[word])
+    return distance
+
+
+# --- one search's view of a scope ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _View:
+    """A scope's vectors as this connection sees them: the matrix, but for the rows this
+    connection's own transaction changed (`hidden`, by memory id), which it holds outside
+    the cached matrix (`extra_ids`, `extra_vectors`). Its methods run under the matrix lock."""
+
+    matrix: _Matrix
+    # False: the matrix was read for this query alone (not cached).
+    kept: bool = True
+    hidden: frozenset[int] = frozenset()
+    extra_ids: np.ndarray | None = None
+    extra_vectors: np.ndarray | None = None
+
+    def _hidden_rows(self) -> list[int]:
+        return [row for row in map(self.matrix.row_of.get, self.hidden) if row is not None]
+
+    def _with_extra(self, ids: np.ndarray, cosines: np.ndarray, query: np.ndarray,
+                    min_cosine: float = -np.inf) -> tuple[np.ndarray, np.ndarray]:
+        if self.extra_vectors is None:
+            return ids, cosines
+        extra = self.extra_vectors @ query
+        keep = extra >= min_cosine
+        return np.concatenate([ids, self.extra_ids[keep]]), np.concatenate([cosines, extra[keep]])
+
+    def top(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, cosines) of the k nearest rows (and every extra row). The product runs over
+        the matrix in place (selecting the live rows first would copy it); dead rows get -inf."""
+        matrix = self.matrix
+        cosines = matrix.vectors[: matrix.size] @ query
+        if matrix.dropped:
+            cosines[~matrix.alive[: matrix.size]] = -np.inf
+        cosines[self._hidden_rows()] = -np.inf
+        # The k smallest of the negated cosines, not the k largest: numpy's introselect with
+        # kth near the end was up to six times slower on tied values.
+        rows = np.argpartition(-cosines, k - 1)[:k] if k < len(cosines) else np.arange(len(cosines))
+        rows = rows[cosines[rows] > -np.inf]
+        return self._with_extra(matrix.ids[rows], cosines[rows], query)
+
+    def near(self, query: np.ndarray, code: np.ndarray, min_cosine: float) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, cosines) of the rows at min_cosine or more among the DUPLICATE_SHORTLIST
+        nearest by bit code, and of the extra rows (all compared exactly)."""
+        matrix = self.matrix
+        if self.kept or matrix.codes is not None:
+            distance = _hamming(matrix.ensure_codes()[:, : matrix.size], code)
+            far = np.iinfo(distance.dtype).max
+            if matrix.dropped:
+                distance[~matrix.alive[: matrix.size]] = far
+            distance[self._hidden_rows()] = far
+            if len(distance) > DUPLICATE_SHORTLIST:
+                rows = np.argpartition(distance, DUPLICATE_SHORTLIST - 1)[:DUPLICATE_SHORTLIST]
+            else:
+                rows = np.arange(len(distance))
+            rows = rows[distance[rows] < far]
+            cosines = matrix.vectors[rows] @ query
+        else:
+            # A matrix read for this query alone: building its codes would cost more than
+            # the exact scan.
+            cosines = matrix.vectors[: matrix.size] @ query
+            if matrix.dropped:
+                cosines[~matrix.alive[: matrix.size]] = -np.inf
+            cosines[self._hidden_rows()] = -np.inf
+            rows = np.arange(matrix.size)
+        keep = cosines >= min_cosine
+        return self._with_extra(matrix.ids[rows[keep]], cosines[keep], query, min_cosine)
+
+    def similarities(self, query: np.ndarray, wanted: set[int]) -> dict[int, float]:
+        """The cosines of the memories in `wanted` this scope holds, row by row."""
+        matrix = self.matrix
+        rows = [row for memory_id in wanted - self.hidden
+                if (row := matrix.row_of.get(memory_id)) is not None and matrix.alive[row]]
+        found = dict(zip(matrix.ids[rows].tolist(), (matrix.vectors[rows] @ query).tolist(), strict=True))
+        if self.extra_vectors is not None:
+            extra = [i for i, memory_id in enumerate(self.extra_ids.tolist()) if memory_id in wanted]
+            found.update(zip(self.extra_ids[extra].tolist(), (self.extra_vectors[extra] @ query).tolist(),
+                             strict=True))
+        return found
 
 
 # --- the per-process cache --------------------------------------------------------------------
@@ -151,17 +288,19 @@ def _cache_get(key: tuple) -> _Matrix | None:
         return matrix
 
 
-def _cache_put(key: tuple, matrix: _Matrix) -> None:
+def _cache_put(key: tuple, matrix: _Matrix) -> bool:
+    """Cache the matrix (False: it is larger than the cap)."""
     cap = settings.MEMORY_VECTOR_CACHE_MB * 1024 * 1024
     with _cache_lock:
         _cache.pop(key, None)
         if matrix.nbytes > cap:
-            return
+            return False
         _cache[key] = matrix
         total = sum(m.nbytes for m in _cache.values())
         while total > cap:
             _, evicted = _cache.popitem(last=False)
             total -= evicted.nbytes
+    return True
 
 
 def _cache_key(team_id: int, kin_key: int, model: str, dims: int) -> tuple:
@@ -271,75 +410,151 @@ def _cached(key: tuple, state: _State) -> _Matrix | None:
     return matrix
 
 
-def _scores(matrix: _Matrix, team_id: int, kin_key: int, model: str, query: np.ndarray,
-            state: _State) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, cosines) over a cached matrix, brought up to date first."""
+def _view(matrix: _Matrix, team_id: int, kin_key: int, model: str, state: _State) -> _View:
+    """A cached matrix's view, brought up to date first (its changed rows patched in, or,
+    when this transaction may roll them back, held beside it)."""
     with matrix.lock:
         if matrix.state.generation >= state.generation:  # (another thread may have patched it further)
-            return matrix.scores(query, hidden=set())
+            return _View(matrix)
         changes = _changes(team_id, kin_key, model, matrix.dims, matrix.state.generation)
         if state.committed_view:
             matrix.patch(changes, state)
-            return matrix.scores(query, hidden=set())
-        # Rows this transaction may roll back: scored beside the cache, never put in it.
-        ids, cosines = matrix.scores(query, hidden=set(changes))
-    added = [(memory_id, vector) for memory_id, vector in changes.items() if vector is not None]
+            return _View(matrix)
+    # Rows this transaction may roll back: scored beside the cache, never put in it.
+    added = {memory_id: vector for memory_id, vector in changes.items() if vector is not None}
     if not added:
-        return ids, cosines
-    added_ids = np.array([memory_id for memory_id, _ in added], dtype=np.int64)
-    added_cosines = np.stack([vector for _, vector in added]) @ query
-    return np.concatenate([ids, added_ids]), np.concatenate([cosines, added_cosines])
+        return _View(matrix, hidden=frozenset(changes))
+    return _View(matrix, hidden=frozenset(changes), extra_ids=np.fromiter(added, dtype=np.int64, count=len(added)),
+                 extra_vectors=np.stack(list(added.values())))
 
 
-def _all_scores(team_id: int, kin_keys: list[int], model: str, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, cosines) over the scopes: one read of their states, then nothing more for the
-    ones cached and current, the changed rows of the ones cached and behind, and one read
-    of every vector for the others."""
-    dims = len(query)
+def _views(team_id: int, kin_keys: list[int], model: str, dims: int) -> list[_View]:
+    """The scopes' views: one read of their states, then nothing more for the ones cached
+    and current, the changed rows of the ones cached and behind, and one read of every
+    vector for the others. Every read is on the caller's thread and connection (a test's
+    transaction, or a writer's own rows, is only visible there)."""
     states = _read_states(team_id, kin_keys)
     keys = {kin_key: _cache_key(team_id, kin_key, model, dims) for kin_key in kin_keys}
     cached = {kin_key: _cached(keys[kin_key], states[kin_key]) for kin_key in kin_keys}
     missing = [kin_key for kin_key in kin_keys if cached[kin_key] is None]
     loaded = _load(team_id, missing, model, dims, states) if missing else {}
-    parts = []
+    views = []
     for kin_key in kin_keys:
         if kin_key in loaded:
             matrix = loaded[kin_key]
-            if states[kin_key].committed_view:
-                _cache_put(keys[kin_key], matrix)
-            with matrix.lock:
-                parts.append(matrix.scores(query, hidden=set()))
+            kept = states[kin_key].committed_view and _cache_put(keys[kin_key], matrix)
+            views.append(_View(matrix, kept=kept))
         else:
-            parts.append(_scores(cached[kin_key], team_id, kin_key, model, query, states[kin_key]))
-    return np.concatenate([part[0] for part in parts]), np.concatenate([part[1] for part in parts])
+            views.append(_view(cached[kin_key], team_id, kin_key, model, states[kin_key]))
+    return views
 
 
 # --- the search API ---------------------------------------------------------------------------
 
+# The numpy work of a search runs on these threads while the caller's thread runs the
+# full-text query: BLAS releases the GIL, and so does psycopg while PostgreSQL works, so
+# the two overlap (at 100,000 memories each takes several milliseconds). Only numpy runs
+# here, never a database read. Created on first use, and again in a forked child
+# (threads do not survive a fork, and the locks they held would stay held).
+_SCAN_THREADS = 4
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _scan_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=_SCAN_THREADS, thread_name_prefix="vector-scan")
+        return _executor
+
+
+def _after_fork_in_child() -> None:
+    # A scan thread of the parent may have held a lock at the fork: the child starts anew.
+    global _executor, _executor_lock, _cache, _cache_lock
+    _executor, _executor_lock = None, threading.Lock()
+    _cache, _cache_lock = OrderedDict(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class PendingSimilarities:
+    """Similarities being computed on a scan thread (or, with threaded False, computed
+    already: nothing would overlap the scan); result() waits for them."""
+
+    def __init__(self, views: list[_View], query: np.ndarray | None = None,
+                 scan: Callable[[_View], tuple] | None = None, k: int = 0, *, threaded: bool = True):
+        self._views, self._query, self._k = views, query, k
+        self._future, self._found = None, {}
+        if views and threaded:
+            self._future = _scan_executor().submit(self._run, scan)
+        elif views:
+            self._found = self._run(scan)
+
+    def _run(self, scan: Callable[[_View], tuple]) -> dict[int, float]:
+        parts = []
+        for view in self._views:
+            with view.matrix.lock:
+                parts.append(scan(view))
+        ids = np.concatenate([part[0] for part in parts])
+        cosines = np.concatenate([part[1] for part in parts])
+        if self._k < len(ids):  # (each scope gave its k best)
+            best = np.argpartition(-cosines, self._k - 1)[: self._k]
+            ids, cosines = ids[best], cosines[best]
+        return dict(zip(ids.tolist(), cosines.tolist(), strict=True))
+
+    def result(self, also: set[int] | frozenset[int] = frozenset()) -> dict[int, float]:
+        """The similarities found, plus those of the memories in `also` (e.g. text
+        candidates) that have a vector in scope, looked up row by row."""
+        found = self._future.result() if self._future is not None else self._found
+        if wanted := set(also) - found.keys():
+            for view in self._views:
+                with view.matrix.lock:
+                    found.update(view.similarities(self._query, wanted))
+        return found
+
+
+def _query_vector(embedding: Embedding) -> np.ndarray | None:
+    query = np.asarray(embedding.vector, dtype=np.float32)
+    norm = float(np.linalg.norm(query))
+    return query / norm if len(query) and norm else None
+
+
+def _kin_keys(kin: Kin | None, include_shared: bool) -> list[int]:
+    return [0] if kin is None else ([kin.pk, 0] if include_shared else [kin.pk])
+
+
+def nearest_start(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Embedding,
+                  k: int, threaded: bool = True) -> PendingSimilarities:
+    """Start finding the `k` active memories of the scope nearest to `embedding` (a kin's
+    own plus, with include_shared, the team-shared ones; kin=None: the shared ones only),
+    among every vector of the scope the same model made. The scope's rows are read now,
+    on this thread; the scan runs on a scan thread until result() (cosine by memory id)."""
+    query = _query_vector(embedding)
+    if query is None or k <= 0:
+        return PendingSimilarities([])
+    views = _views(team.pk, _kin_keys(kin, include_shared), embedding.model, len(query))
+    return PendingSimilarities(views, query, lambda view: view.top(query, k), k=k, threaded=threaded)
+
+
+def near_duplicates_start(*, team: Team, kin: Kin | None, embedding: Embedding, min_cosine: float,
+                          k: int) -> PendingSimilarities:
+    """Start finding up to `k` active memories of the scope (the kin's own; kin=None: the
+    team-shared ones) whose vector is at `min_cosine` or more from `embedding`, the nearest
+    first: the duplicate check. Found through bit codes (see CODE_BITS), cosines exact."""
+    query = _query_vector(embedding)
+    if query is None or k <= 0:
+        return PendingSimilarities([])
+    code = _bit_codes(query[np.newaxis])[:, 0]
+    views = _views(team.pk, _kin_keys(kin, include_shared=False), embedding.model, len(query))
+    return PendingSimilarities(views, query, lambda view: view.near(query, code, min_cosine), k=k)
+
 
 def nearest(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Embedding, k: int,
             also: set[int] | frozenset[int] = frozenset()) -> dict[int, float]:
-    """Cosine similarity by memory id of the `k` active memories of the scope nearest to
-    `embedding` (a kin's own plus, with include_shared, the team-shared ones; kin=None:
-    the shared ones only), among every vector of the scope the same model made; plus the
-    similarity of the memories in `also` (e.g. text candidates) that have such a vector."""
-    query = np.asarray(embedding.vector, dtype=np.float32)
-    norm = float(np.linalg.norm(query))
-    if not len(query) or not norm:
-        return {}
-    query /= norm
-    kin_keys = [0] if kin is None else ([kin.pk, 0] if include_shared else [kin.pk])
-    ids, cosines = _all_scores(team.pk, kin_keys, embedding.model, query)
-    if not len(ids):
-        return {}
-    if k <= 0:
-        top = np.empty(0, dtype=np.int64)
-    elif k < len(ids):
-        top = np.argpartition(-cosines, k - 1)[:k]
-    else:
-        top = np.arange(len(ids))
-    result = {int(ids[i]): float(cosines[i]) for i in top}
-    if also:
-        wanted = np.flatnonzero(np.isin(ids, np.fromiter(also, dtype=np.int64, count=len(also))))
-        result.update((int(ids[i]), float(cosines[i])) for i in wanted)
-    return result
+    """nearest_start(...).result(also), on this thread (there is nothing to overlap): the k
+    nearest's similarities by memory id, plus those of the memories in `also` that have a
+    vector in scope."""
+    return nearest_start(team=team, kin=kin, include_shared=include_shared, embedding=embedding,
+                         k=k, threaded=False).result(also)

@@ -2,8 +2,12 @@
 scanned, however many newer memories there are; models and scopes are never mixed; and
 each process's cached matrices follow writes made by any path, in any process, once
 committed (never a write that rolled back)."""
+import os
+import signal
+import time
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
@@ -12,7 +16,7 @@ from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words, provide
 from memories import ranking, services
 from memories.embeddings import Embedding
 from memories.models import Memory, MemoryVector
-from memories.search import memory_search, vectors
+from memories.search import memory_find_duplicate, memory_search, vectors
 from memories.services import Actor
 from tests.factories import KinFactory
 from tests.memories.embedders import SynonymEmbedder
@@ -322,3 +326,173 @@ def test_a_transaction_bumps_its_scope_once(team, kin):
     epoch = scope_row(team, kin).epoch
     Memory.objects.filter(kin=kin).update(kin=None)
     assert scope_row(team, kin).epoch != epoch
+
+
+# --- the duplicate check's bit-code prefilter, and the scan thread ---------------------------------
+
+DIMS = 384
+
+
+def unit(vector):
+    return vector / np.linalg.norm(vector)
+
+
+def at_cosine(query, cosine, rng):
+    """A unit vector at exactly `cosine` from the unit vector `query`, in a random direction."""
+    other = rng.standard_normal(len(query))
+    other = unit(other - (other @ query) * query)
+    return cosine * query + np.sqrt(1 - cosine**2) * other
+
+
+def planted(team, kin, rng, *, unrelated=3000, neighbours=400):
+    """A query vector and a scope around it: `unrelated` random vectors, `neighbours` at
+    cosine 0.80-0.90 (more than the prefilter's shortlist, nearer than anything random),
+    two near misses at 0.92, and three duplicates at 0.931, 0.96 and 0.995."""
+    query = unit(rng.standard_normal(DIMS))
+    vectors_by_role = {
+        "unrelated": [unit(rng.standard_normal(DIMS)) for _ in range(unrelated)],
+        "neighbour": [at_cosine(query, c, rng) for c in rng.uniform(0.80, 0.90, neighbours)],
+        "near miss": [at_cosine(query, 0.92, rng) for _ in range(2)],
+        "duplicate": [at_cosine(query, c, rng) for c in (0.931, 0.96, 0.995)],
+    }
+    rows = [vector_row(team, kin, f"{role} item i{n}", vector=vector.tolist())
+            for role, vectors_of_role in vectors_by_role.items() for n, vector in enumerate(vectors_of_role)]
+    create(rows, batch_size=1000)
+    return Embedding(vector=tuple(query.tolist()), model=MODEL), rows
+
+
+def exact(embedding, rows):
+    """Every active row's cosine with the query, computed here from the stored bytes."""
+    query = np.asarray(embedding.vector)
+    return {row.pk: float(np.asarray(ranking.vector_from_bytes(row.test_vector)) @ query) for row in rows
+            if row.status == Memory.Status.ACTIVE}
+
+
+def duplicates(team, kin, embedding, also=frozenset()):
+    return vectors.near_duplicates_start(team=team, kin=kin, embedding=embedding,
+                                         min_cosine=ranking.DUPLICATE_MIN_COSINE, k=20).result(also)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prefilter_finds_every_duplicate_among_thousands_and_hundreds_of_neighbours(team, kin):
+    """Committed rows, so the matrix is cached and the check goes through the bit codes."""
+    embedding, rows = planted(team, kin, np.random.default_rng(1))
+    cosines = exact(embedding, rows)
+    expected = {i for i, c in cosines.items() if c >= ranking.DUPLICATE_MIN_COSINE}
+    assert len(expected) == 3 and len(rows) > 10 * vectors.DUPLICATE_SHORTLIST
+    vectors.nearest(team=team, kin=kin, include_shared=False, embedding=embedding, k=1)
+    cached = vectors.vector_cache_bytes()
+    found = duplicates(team, kin, embedding)
+    assert vectors.vector_cache_bytes() > cached  # its bit codes were built
+    assert set(found) == expected
+    for memory_id, cosine in found.items():
+        assert cosine == pytest.approx(cosines[memory_id], abs=1e-5)
+    # The text candidates' own similarities come with them, whatever their cosine.
+    unrelated = rows[0].pk
+    assert duplicates(team, kin, embedding, also={unrelated})[unrelated] == pytest.approx(cosines[unrelated], abs=1e-5)
+
+
+def test_duplicate_check_finds_by_meaning_among_thousands(team, kin):
+    """Rows this test's transaction wrote: the matrix serves this check alone (not cached),
+    so it is scanned exactly rather than coded."""
+    embedding, rows = planted(team, kin, np.random.default_rng(2))
+    best = max(exact(embedding, rows).items(), key=lambda item: item[1])[0]
+    found = memory_find_duplicate(team=team, kin=kin, content="Maria prefers green tea", embedding=embedding)
+    assert found is not None and found.pk == best
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prefilter_keeps_exact_answers_over_many_queries(team, kin):
+    """Twenty queries against one cached scope of clusters: whatever the query, the rows
+    at the threshold or more are exactly those the full scan finds."""
+    rng = np.random.default_rng(3)
+    base = [unit(rng.standard_normal(DIMS)) for _ in range(40)]
+    # Clusters: each base vector with 60 variants at cosine 0.85-1.0, so many queries have
+    # dozens of rows around the threshold.
+    rows = [vector_row(team, kin, f"variant v{n}", vector=at_cosine(b, c, rng).tolist())
+            for n, b in enumerate(base) for c in rng.uniform(0.85, 1.0, 60)]
+    rows += [vector_row(team, kin, f"random r{n}", vector=unit(rng.standard_normal(DIMS)).tolist())
+             for n in range(1500)]
+    create(rows, batch_size=1000)
+    for b in base[:20]:
+        embedding = Embedding(vector=tuple(at_cosine(b, 0.97, rng).tolist()), model=MODEL)
+        cosines = exact(embedding, rows)
+        expected = sorted((i for i, c in cosines.items() if c >= ranking.DUPLICATE_MIN_COSINE),
+                          key=lambda i: -cosines[i])[:20]
+        assert set(duplicates(team, kin, embedding)) == set(expected)
+
+
+def test_threaded_nearest_equals_the_exact_scan_with_the_text_query_between(team, kin):
+    embedding, rows = planted(team, kin, np.random.default_rng(4), unrelated=2000, neighbours=100)
+    rng = np.random.default_rng(8)
+    shared = [vector_row(team, None, f"shared s{n}", vector=unit(rng.standard_normal(DIMS)).tolist())
+              for n in range(200)]
+    create(shared)
+    cosines = exact(embedding, rows + shared)
+    pending = vectors.nearest_start(team=team, kin=kin, include_shared=True, embedding=embedding, k=50)
+    # What memory_search does meanwhile on this thread: the full-text query.
+    assert memory_search(team=team, kin=kin, query="neighbour item") != []
+    scores = pending.result(also={shared[0].pk})
+    best = sorted(cosines, key=lambda i: -cosines[i])[:50]
+    assert set(scores) == set(best) | {shared[0].pk}
+    for memory_id, score in scores.items():
+        assert score == pytest.approx(cosines[memory_id], abs=1e-5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_scan_thread_sees_what_this_transaction_wrote(team, kin, monkeypatch):
+    """The scopes are read on the caller's connection: inside a transaction, its own writes
+    to a warm matrix (a new row, a changed vector, a removed row) are what both scans see."""
+    loads = count_loads(monkeypatch)
+    embedding, rows = planted(team, kin, np.random.default_rng(5), unrelated=1000, neighbours=300)
+    dup_ids = [row.pk for row in rows if row.content.startswith("duplicate")]
+    assert set(duplicates(team, kin, embedding)) == set(dup_ids)  # warm, codes built
+    query = np.asarray(embedding.vector)
+    with transaction.atomic():
+        [new] = create(
+            [vector_row(team, kin, "new", vector=at_cosine(query, 0.99, np.random.default_rng(6)).tolist())])
+        Memory.objects.filter(pk=dup_ids[0]).update(status=Memory.Status.DELETED)
+        MemoryVector.objects.filter(memory_id=dup_ids[1]).update(vector=ranking.vector_to_bytes((-query).tolist()))
+        found = duplicates(team, kin, embedding, also={dup_ids[1]})
+        assert set(found) == {new.pk, dup_ids[2], dup_ids[1]}
+        assert found[dup_ids[1]] == pytest.approx(-1.0, abs=1e-5)
+        top = vectors.nearest(team=team, kin=kin, include_shared=False, embedding=embedding, k=2)
+        assert set(top) == {new.pk, dup_ids[2]}
+        transaction.set_rollback(True)
+    assert set(duplicates(team, kin, embedding)) == set(dup_ids)
+    assert len(loads) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bit_codes_follow_committed_writes_through_growth(team, kin, monkeypatch):
+    loads = count_loads(monkeypatch)
+    rng = np.random.default_rng(7)
+    embedding, rows = planted(team, kin, rng, unrelated=500, neighbours=300)
+    query = np.asarray(embedding.vector)
+    dup_ids = {row.pk for row in rows if row.content.startswith("duplicate")}
+    assert set(duplicates(team, kin, embedding)) == dup_ids  # codes built
+    # More rows than the matrix's spare capacity: it grows, its codes with it.
+    added = create(
+        [vector_row(team, kin, f"more m{n}", vector=unit(rng.standard_normal(DIMS)).tolist()) for n in range(300)]
+        + [vector_row(team, kin, "late duplicate", vector=at_cosine(query, 0.97, rng).tolist())])
+    Memory.objects.filter(pk=min(dup_ids)).update(status=Memory.Status.DELETED)
+    assert set(duplicates(team, kin, embedding)) == dup_ids - {min(dup_ids)} | {added[-1].pk}
+    assert len(loads) == 1  # patched, not reloaded
+
+
+def test_a_forked_child_gets_its_own_scan_threads_and_cache():
+    """A Celery or gunicorn child forked while the parent's scan threads ran (or held the
+    cache's lock) neither waits on those threads nor on that lock."""
+    vectors._scan_executor().submit(int).result()  # the parent's scan threads exist
+    with vectors._cache_lock:
+        pid = os.fork()
+        if pid == 0:  # the child: every step must finish (a hang would fail the wait below)
+            ok = vectors.vector_cache_bytes() == 0 and vectors._scan_executor().submit(int, "2").result(timeout=5) == 2
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 10
+    while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if waited == (0, 0):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert waited[0] == pid and os.waitstatus_to_exitcode(waited[1]) == 0
