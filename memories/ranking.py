@@ -285,6 +285,33 @@ def vector_signal(similarity: float) -> float:
     return min(max((similarity - VECTOR_FLOOR) / (1 - VECTOR_FLOOR), 0.0), 1.0)
 
 
+@dataclass(frozen=True)
+class Relevance:
+    """How well one candidate matches the query (value; 0 = not at all), and the text and
+    vector signals it was made of (shown as the hit's components)."""
+
+    value: float
+    text: float
+    vector: float
+
+
+def fuse(candidates: list[Candidate]) -> dict[int, Relevance]:
+    """The relevance of each candidate from its text and vector signals: their weighted mean."""
+    best_text = max((c.text_score for c in candidates), default=0.0)
+    fused = {}
+    for c in candidates:
+        text = c.text_score / best_text if best_text > 0 and c.text_score > 0 else 0.0
+        weights = TEXT_WEIGHT
+        relevance = TEXT_WEIGHT * text
+        vector = 0.0
+        if c.vector_similarity is not None:
+            vector = vector_signal(c.vector_similarity)
+            weights += VECTOR_WEIGHT
+            relevance += VECTOR_WEIGHT * vector
+        fused[c.id] = Relevance(value=relevance / weights, text=text, vector=vector)
+    return fused
+
+
 def rank(
     candidates: Iterable[Candidate],
     *,
@@ -296,28 +323,20 @@ def rank(
 ) -> list[Ranked]:
     """The best `limit` candidates, best first, after the cut-offs (see the module doc)."""
     candidates = list(candidates)
-    best_text = max((c.text_score for c in candidates), default=0.0)
+    relevances = fuse(candidates)
     query_set = term_set(query)
     ranked = []
     for c in candidates:
-        text = c.text_score / best_text if best_text > 0 and c.text_score > 0 else 0.0
-        weights = TEXT_WEIGHT
-        relevance = TEXT_WEIGHT * text
-        vector = 0.0
-        if c.vector_similarity is not None:
-            vector = vector_signal(c.vector_similarity)
-            weights += VECTOR_WEIGHT
-            relevance += VECTOR_WEIGHT * vector
-        relevance /= weights
-        if relevance <= 0:
+        relevance = relevances[c.id]
+        if relevance.value <= 0:
             continue  # neither the words nor the meaning match
         importance = importance_factor(c.importance)
         recency = recency_factor(category=c.category, updated_at=c.updated_at, now=now,
                                  half_life_days=half_life_days)
         subject = subject_factor(subject=c.subject, query=query_set)
         ranked.append(Ranked(
-            id=c.id, score=relevance * importance * recency * subject,
-            text=text, vector=vector, importance=importance, recency=recency, subject=subject,
+            id=c.id, score=relevance.value * importance * recency * subject,
+            text=relevance.text, vector=relevance.vector, importance=importance, recency=recency, subject=subject,
         ))
     ranked.sort(key=lambda r: (-r.score, r.id))
     if ranked:
