@@ -297,14 +297,19 @@ def server_stats(base_url: str) -> dict | None:
 
 def embed_all(*, model: str) -> dict:
     """Every active memory gets a vector of `model` through the re-embedding job (the real
-    client, batches of memories.reembed.BATCH_SIZE, the real vector storage); Celery is eager
-    here (main()), so reembed_start runs the whole job before it returns."""
+    client, batches of memories.reembed.BATCH_SIZE, the real vector storage). Its slices are
+    run here, one after the other: main() makes Celery eager, so a slice's follow-up task
+    (sent on commit) also runs in this process; inside a test's transaction it is never sent."""
     from memories.models import EmbeddingRun, Memory
-    from memories.reembed import memories_to_reembed, reembed_start
+    from memories.reembed import memories_to_reembed, reembed_run, reembed_start
 
     started = time.perf_counter()
     run = reembed_start(model=model)
-    run.refresh_from_db()
+    for _ in range(10_000):  # a slice ends after CELERY_TASK_SOFT_TIME_LIMIT at most
+        run.refresh_from_db()
+        if run.status not in (EmbeddingRun.Status.PENDING, EmbeddingRun.Status.RUNNING):
+            break
+        reembed_run(run_id=run.pk)
     if run.status != EmbeddingRun.Status.DONE:
         raise SystemExit(f"re-embedding did not finish: {run.status} {run.error}")
     left = memories_to_reembed(model).count()
