@@ -277,9 +277,13 @@ FUSIONS = {
     "weighted 0.5/0.5 floor 0.1": lambda: fusion_weighted(floor=0.1),
     "relative 0.5/0.5 floor 0.2": lambda: fusion_relative(floor=0.2),
     "relative 0.6/0.4 floor 0.2": lambda: fusion_relative(text_weight=0.6, vector_weight=0.4, floor=0.2),
+    "relative 0.4/0.6 floor 0.2": lambda: fusion_relative(text_weight=0.4, vector_weight=0.6, floor=0.2),
+    "relative 0.5/0.5 floor 0.1": lambda: fusion_relative(floor=0.1),
+    "relative 0.5/0.5 floor 0.3": lambda: fusion_relative(floor=0.3),
     "rrf k=60 floor 0.2": lambda: fusion_rrf(k=60, floor=0.2),
     "rrf k=60 floor 0": lambda: fusion_rrf(k=60, floor=0.0),
     "rrf k=20 floor 0.2": lambda: fusion_rrf(k=20, floor=0.2),
+    "rrf k=10 floor 0.2": lambda: fusion_rrf(k=10, floor=0.2),
 }
 
 
