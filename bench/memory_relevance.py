@@ -448,12 +448,24 @@ def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lex
     lexical run of that setting."""
     from django.test import override_settings
 
+    import memories.search
     from memories import ranking
     from memories.search import memory_search, postgres
 
     default = (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
     before = server_stats(embeddings)
-    shipped = ranking.fuse
+    shipped, embed = ranking.fuse, memories.search.memory_embed
+    embed_ms = []
+
+    def timed_embed(**kwargs):
+        # The query's round trip to the endpoint, part of each search's time: measured apart.
+        begun = time.perf_counter()
+        try:
+            return embed(**kwargs)
+        finally:
+            embed_ms.append((time.perf_counter() - begun) * 1000)
+
+    memories.search.memory_embed = timed_embed
     results = []
     with override_settings(LLM_BASE_URL=embeddings, LLM_API_KEY="", LLM_EMBEDDING_MODEL=model):
         embedded = embed_all(model=model)
@@ -463,16 +475,18 @@ def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lex
                 ranking.fuse = shipped if FUSIONS[name] is None else FUSIONS[name]()
                 for kin in kins.values():  # warm-up: each scope's vector matrix, statistics, plans
                     memory_search(team=team, kin=kin, query="hello there", limit=limit)
+                embed_ms.clear()
                 result = _ask(questions, kins, team=team, ks=ks, limit=limit, count_candidates=None,
                               share=default[0], min_docs=default[1], default=default)
-                result.update(name=name, default=FUSIONS[name] is None, exhaustive=False)
+                result.update(name=name, default=FUSIONS[name] is None, exhaustive=False,
+                              query_embedding=latency_summary(embed_ms))
                 pairs = list(zip(result["per_question_recall"], lexical["per_question_recall"], strict=True))
                 result["worse_than_lexical"] = [index for index, (ours, theirs) in enumerate(pairs) if ours < theirs]
                 result["better_than_lexical"] = [index for index, (ours, theirs) in enumerate(pairs) if ours > theirs]
                 results.append(result)
                 print(f"  {name}: R@10 {result['overall']['recall@10']:.3f}", flush=True)
         finally:
-            ranking.fuse = shipped
+            ranking.fuse, memories.search.memory_embed = shipped, embed
     after = server_stats(embeddings)
     server = None
     if before is not None and after is not None:
@@ -600,7 +614,7 @@ def print_hybrid(hybrid: dict, ks) -> None:
           f"embedded in {embedded['seconds']} s{served}")
     header = (f"{'fusion':<38} " + " ".join(f"{f'R@{k}':>6}" for k in ks) + " "
               + " ".join(f"{f'hit@{k}':>6}" for k in ks) + f" {'MRR':>6} {'p50 ms':>7} {'p95 ms':>7}"
-              f" {'worse':>5} {'better':>6}")
+              f" {'emb p50':>7} {'worse':>5} {'better':>6}")
     print(header)
     print("-" * len(header))
     rows = [{**hybrid["lexical"], "name": f"lexical only ({hybrid['lexical']['name']})"}] + hybrid["fusions"]
@@ -608,12 +622,14 @@ def print_hybrid(hybrid: dict, ks) -> None:
         overall = result["overall"]
         worse = str(len(result["worse_than_lexical"])) if "worse_than_lexical" in result else "-"
         better = str(len(result["better_than_lexical"])) if "better_than_lexical" in result else "-"
+        embedding = f"{result['query_embedding']['p50_ms']:.1f}" if "query_embedding" in result else "-"
         print(f"{result['name'] + (' *' if result.get('default') else ''):<38} "
               + " ".join(f"{overall[f'recall@{k}']:>6.3f}" for k in ks) + " "
               + " ".join(f"{overall[f'hit@{k}']:>6.3f}" for k in ks)
               + f" {overall['mrr']:>6.3f} {result['search']['p50_ms']:>7.1f} {result['search']['p95_ms']:>7.1f}"
-              f" {worse:>5} {better:>6}")
-    print("* memories.ranking.fuse as shipped; worse/better: questions whose R@10 differs from lexical only")
+              f" {embedding:>7} {worse:>5} {better:>6}")
+    print("* memories.ranking.fuse as shipped; emb p50: the query's embedding call, within the search's time; "
+          "worse/better: questions whose R@10 differs from lexical only")
     categories = sorted(hybrid["lexical"]["by_category"])
     print(f"\nR@10 by category\n{'fusion':<38} " + " ".join(f"{name:>11}" for name in categories))
     for result in rows:
