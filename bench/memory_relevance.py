@@ -6,9 +6,16 @@ COMMON_TERM_MIN_DOCS) against an exhaustive baseline. See bench/README.md.
 
     python bench/memory_relevance.py                 # SQLite (a temp file): default setting only
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/kinsite python bench/memory_relevance.py
+    ... bench/memory_relevance.py --embeddings http://127.0.0.1:8765/v1   # + MiniLM: hybrid vs lexical
+
+With --embeddings (an OpenAI-compatible endpoint, e.g. bench/embeddings_server.py) the
+memories are then embedded through Kinsite's re-embedding job (memories.reembed, the real
+client and vector storage) and every question is asked again under each fusion of
+FUSIONS (memories.ranking.fuse swapped, as the common-term constants are).
 """
 import argparse
 import math
+import os
 import random
 import statistics
 import sys
@@ -186,27 +193,166 @@ def setting_name(share: float, min_docs: int) -> str:
     return f"share {share:g} / min {min_docs}"
 
 
+# --- fusions (with --embeddings) --------------------------------------------------------------
+
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+
+
+def fusion_weighted(*, text_weight: float = 0.5, vector_weight: float = 0.5, floor: float = 0.35):
+    """The weighted mean of BM25 / best BM25 and (cosine - floor) / (1 - floor): memories.ranking
+    before the fusion was chosen on this benchmark (0.5 / 0.5 / 0.35, made for a fake embedder)."""
+    from memories.ranking import Relevance
+
+    def fuse(candidates):
+        best_text = max((c.text_score for c in candidates), default=0.0)
+        fused = {}
+        for c in candidates:
+            text = c.text_score / best_text if best_text > 0 and c.text_score > 0 else 0.0
+            weights, value, vector = text_weight, text_weight * text, 0.0
+            if c.vector_similarity is not None:
+                vector = min(max((c.vector_similarity - floor) / (1 - floor), 0.0), 1.0)
+                weights += vector_weight
+                value += vector_weight * vector
+            fused[c.id] = Relevance(value=value / weights, text=text, vector=vector)
+        return fused
+    return fuse
+
+
+def fusion_relative(*, text_weight: float = 0.5, vector_weight: float = 0.5, floor: float = 0.2):
+    """Both signals scaled by the best candidate's: BM25 / best BM25 and (cosine - floor) /
+    (best cosine - floor), then their weighted mean."""
+    from memories.ranking import Relevance
+
+    def fuse(candidates):
+        best_text = max((c.text_score for c in candidates), default=0.0)
+        best_cosine = max((c.vector_similarity for c in candidates if c.vector_similarity is not None), default=0.0)
+        fused = {}
+        for c in candidates:
+            text = c.text_score / best_text if best_text > 0 and c.text_score > 0 else 0.0
+            weights, value, vector = text_weight, text_weight * text, 0.0
+            if c.vector_similarity is not None:
+                if best_cosine > floor:
+                    vector = max((c.vector_similarity - floor) / (best_cosine - floor), 0.0)
+                weights += vector_weight
+                value += vector_weight * vector
+            fused[c.id] = Relevance(value=value / weights, text=text, vector=vector)
+        return fused
+    return fuse
+
+
+def fusion_rrf(*, k: int = 60, floor: float = 0.2):
+    """Reciprocal-rank fusion: 1 / (k + rank) in the BM25 list plus 1 / (k + rank) in the
+    cosine list (the candidates at `floor` or above), scaled so that first in both is 1."""
+    from memories.ranking import Relevance
+
+    def fuse(candidates):
+        by_text = sorted((c for c in candidates if c.text_score > 0), key=lambda c: (-c.text_score, c.id))
+        by_vector = sorted((c for c in candidates if c.vector_similarity is not None and c.vector_similarity >= floor),
+                           key=lambda c: (-c.vector_similarity, c.id))
+        text = {c.id: 1 / (k + rank) for rank, c in enumerate(by_text, start=1)}
+        vector = {c.id: 1 / (k + rank) for rank, c in enumerate(by_vector, start=1)}
+        best = 2 / (k + 1)
+        return {c.id: Relevance(value=(text.get(c.id, 0.0) + vector.get(c.id, 0.0)) / best,
+                                text=text.get(c.id, 0.0) * (k + 1), vector=vector.get(c.id, 0.0) * (k + 1))
+                for c in candidates}
+    return fuse
+
+
+def fusion_vector_only():
+    """The cosine alone (text ignored): what the vectors find by themselves."""
+    from memories.ranking import Relevance
+
+    def fuse(candidates):
+        return {c.id: Relevance(value=max(c.vector_similarity or 0.0, 0.0), text=0.0,
+                                vector=max(c.vector_similarity or 0.0, 0.0)) for c in candidates}
+    return fuse
+
+
+# name -> a fuse function to put in memories.ranking.fuse's place; None: the shipped one.
+FUSIONS = {
+    "shipped (memories.ranking.fuse)": None,
+    "vector only": fusion_vector_only,
+    "weighted 0.5/0.5 floor 0.35 (before)": lambda: fusion_weighted(floor=0.35),
+    "weighted 0.5/0.5 floor 0.2": lambda: fusion_weighted(floor=0.2),
+    "weighted 0.5/0.5 floor 0.1": lambda: fusion_weighted(floor=0.1),
+    "relative 0.5/0.5 floor 0.2": lambda: fusion_relative(floor=0.2),
+    "relative 0.6/0.4 floor 0.2": lambda: fusion_relative(text_weight=0.6, vector_weight=0.4, floor=0.2),
+    "relative 0.4/0.6 floor 0.2": lambda: fusion_relative(text_weight=0.4, vector_weight=0.6, floor=0.2),
+    "relative 0.5/0.5 floor 0.1": lambda: fusion_relative(floor=0.1),
+    "relative 0.5/0.5 floor 0.3": lambda: fusion_relative(floor=0.3),
+    "rrf k=60 floor 0.2": lambda: fusion_rrf(k=60, floor=0.2),
+    "rrf k=60 floor 0": lambda: fusion_rrf(k=60, floor=0.0),
+    "rrf k=20 floor 0.2": lambda: fusion_rrf(k=20, floor=0.2),
+    "rrf k=10 floor 0.2": lambda: fusion_rrf(k=10, floor=0.2),
+}
+
+
+def server_stats(base_url: str) -> dict | None:
+    """bench/embeddings_server.py's counters (vectors computed and served from its cache), or
+    None from another endpoint."""
+    import httpx
+
+    try:
+        response = httpx.get(base_url.rstrip("/").removesuffix("/v1") + "/stats", timeout=5)
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def embed_all(*, model: str) -> dict:
+    """Every active memory gets a vector of `model` through the re-embedding job (the real
+    client, batches of memories.reembed.BATCH_SIZE, the real vector storage). Its slices are
+    run here, one after the other: main() makes Celery eager, so a slice's follow-up task
+    (sent on commit) also runs in this process; inside a test's transaction it is never sent."""
+    from memories.models import EmbeddingRun, Memory
+    from memories.reembed import memories_to_reembed, reembed_run, reembed_start
+
+    started = time.perf_counter()
+    run = reembed_start(model=model)
+    for _ in range(10_000):  # a slice ends after CELERY_TASK_SOFT_TIME_LIMIT at most
+        run.refresh_from_db()
+        if run.status not in (EmbeddingRun.Status.PENDING, EmbeddingRun.Status.RUNNING):
+            break
+        reembed_run(run_id=run.pk)
+    if run.status != EmbeddingRun.Status.DONE:
+        raise SystemExit(f"re-embedding did not finish: {run.status} {run.error}")
+    left = memories_to_reembed(model).count()
+    if left:
+        raise SystemExit(f"{left} memories have no vector of {model} after the re-embedding run")
+    return {"model": model, "memories": Memory.objects.filter(status=Memory.Status.ACTIVE).count(),
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
 def run(*, data_dir: Path = DATA_DIR, conversations: int | None = None, questions_per_conversation: int | None = None,
-        filler: int = 10_000, shares=DEFAULT_SHARES, min_docs=DEFAULT_MIN_DOCS, seed: int = 7) -> dict:
+        filler: int = 10_000, shares=DEFAULT_SHARES, min_docs=DEFAULT_MIN_DOCS, seed: int = 7,
+        embeddings: str = "", embedding_model: str = EMBEDDING_MODEL, fusions=tuple(FUSIONS)) -> dict:
     """Loads the memories into the current database, then asks every question under each
-    setting. The scope statistics are cached under a key that ignores the setting, so
-    the cache is cleared between settings; a private in-process cache is used for that,
-    never the deployment's Redis."""
+    setting, without embeddings. The scope statistics are cached under a key that ignores
+    the setting, so the cache is cleared between settings; a private in-process cache is
+    used for that, never the deployment's Redis. With `embeddings` (an OpenAI-compatible
+    base URL serving `embedding_model`), then embeds every memory and asks every question
+    again under each of `fusions` (names of FUSIONS), at the default common-term setting."""
     from django.conf import settings
     from django.test import override_settings
 
     private_cache = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                                  "LOCATION": f"memory-relevance-{uuid.uuid4()}"}}
-    with override_settings(CACHES=private_cache):
+    unknown = [name for name in fusions if name not in FUSIONS]
+    if unknown:
+        raise SystemExit(f"unknown fusions {unknown}; known: {list(FUSIONS)}")
+    # No embedder for the lexical runs, whatever the environment configures.
+    with override_settings(CACHES=private_cache, LLM_EMBEDDING_MODEL=""):
         return _run(data_dir=data_dir, conversations=conversations, per_conversation=questions_per_conversation,
                     filler=filler, shares=tuple(shares), min_docs=tuple(min_docs), seed=seed,
-                    top_k=settings.MEMORY_TOP_K)
+                    top_k=settings.MEMORY_TOP_K, embeddings=embeddings, embedding_model=embedding_model,
+                    fusions=tuple(fusions))
 
 
-def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs, seed, top_k) -> dict:
+def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs, seed, top_k,
+         embeddings, embedding_model, fusions) -> dict:
     from django.core.cache import cache
     from django.db import connection
 
@@ -266,8 +412,13 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
             pairs = list(enumerate(zip(result["per_question_recall"], exhaustive["per_question_recall"], strict=True)))
             result["worse_than_exhaustive"] = [index for index, (ours, theirs) in pairs if ours < theirs]
             result["better_than_exhaustive"] = [index for index, (ours, theirs) in pairs if ours > theirs]
-    for result in results:
-        del result["per_question_recall"]  # only needed for the comparison above
+    lexical = next(result for result in results if result["default"])
+    hybrid = None
+    if embeddings:
+        hybrid = _hybrid(questions, kins, team=team, ks=ks, limit=limit, embeddings=embeddings,
+                         model=embedding_model, fusions=fusions, lexical=lexical)
+    for result in results + (hybrid["fusions"] if hybrid else []):
+        del result["per_question_recall"]  # only needed for the comparisons above
 
     return {
         "database_version": database_version(connection),
@@ -286,8 +437,65 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
         "default_setting": setting_name(*default),
         "settings": results,
         "recommended": recommend(results),
+        "hybrid": hybrid,
         "answer_key": questions,
     }
+
+
+def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lexical) -> dict:
+    """With the embedder configured: every memory embedded, then every question under each
+    fusion, at the default common-term setting; compared question by question with the
+    lexical run of that setting."""
+    from django.test import override_settings
+
+    import memories.search
+    from memories import ranking
+    from memories.search import memory_search, postgres
+
+    default = (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
+    before = server_stats(embeddings)
+    shipped, embed = ranking.fuse, memories.search.memory_embed
+    embed_ms = []
+
+    def timed_embed(**kwargs):
+        # The query's round trip to the endpoint, part of each search's time: measured apart.
+        begun = time.perf_counter()
+        try:
+            return embed(**kwargs)
+        finally:
+            embed_ms.append((time.perf_counter() - begun) * 1000)
+
+    memories.search.memory_embed = timed_embed
+    results = []
+    with override_settings(LLM_BASE_URL=embeddings, LLM_API_KEY="", LLM_EMBEDDING_MODEL=model):
+        embedded = embed_all(model=model)
+        print(f"embedded {embedded['memories']:,} memories with {model} in {embedded['seconds']} s", flush=True)
+        try:
+            for name in fusions:
+                ranking.fuse = shipped if FUSIONS[name] is None else FUSIONS[name]()
+                for kin in kins.values():  # warm-up: each scope's vector matrix, statistics, plans
+                    memory_search(team=team, kin=kin, query="hello there", limit=limit)
+                embed_ms.clear()
+                result = _ask(questions, kins, team=team, ks=ks, limit=limit, count_candidates=None,
+                              share=default[0], min_docs=default[1], default=default)
+                result.update(name=name, default=FUSIONS[name] is None, exhaustive=False,
+                              query_embedding=latency_summary(embed_ms))
+                pairs = list(zip(result["per_question_recall"], lexical["per_question_recall"], strict=True))
+                result["worse_than_lexical"] = [index for index, (ours, theirs) in enumerate(pairs) if ours < theirs]
+                result["better_than_lexical"] = [index for index, (ours, theirs) in enumerate(pairs) if ours > theirs]
+                results.append(result)
+                print(f"  {name}: R@10 {result['overall']['recall@10']:.3f}", flush=True)
+        finally:
+            ranking.fuse, memories.search.memory_embed = shipped, embed
+    after = server_stats(embeddings)
+    server = None
+    if before is not None and after is not None:
+        server = {"computed": after["computed"] - before["computed"], "cached": after["cached"] - before["cached"],
+                  "compute_seconds": round(after["compute_seconds"] - before["compute_seconds"], 1)}
+    return {"endpoint": embeddings, "model": model, "embedded": embedded, "server": server,
+            "lexical": {"name": lexical["name"], "overall": lexical["overall"], "by_category": lexical["by_category"],
+                        "search": lexical["search"]},
+            "fusions": results}
 
 
 def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs, default) -> dict:
@@ -395,6 +603,38 @@ def print_table(figures: dict) -> None:
     if figures["recommended"]:
         print(f"\nfewest candidates with R@10 within {figures['recommended']['tolerance']} of exhaustive: "
               f"{figures['recommended']['name']}")
+    if figures.get("hybrid"):
+        print_hybrid(figures["hybrid"], ks)
+
+
+def print_hybrid(hybrid: dict, ks) -> None:
+    embedded, server = hybrid["embedded"], hybrid["server"]
+    served = f"; server: {server['computed']:,} computed, {server['cached']:,} from its cache" if server else ""
+    print(f"\nwith embeddings: {hybrid['model']} at {hybrid['endpoint']}, {embedded['memories']:,} memories "
+          f"embedded in {embedded['seconds']} s{served}")
+    header = (f"{'fusion':<38} " + " ".join(f"{f'R@{k}':>6}" for k in ks) + " "
+              + " ".join(f"{f'hit@{k}':>6}" for k in ks) + f" {'MRR':>6} {'p50 ms':>7} {'p95 ms':>7}"
+              f" {'emb p50':>7} {'worse':>5} {'better':>6}")
+    print(header)
+    print("-" * len(header))
+    rows = [{**hybrid["lexical"], "name": f"lexical only ({hybrid['lexical']['name']})"}] + hybrid["fusions"]
+    for result in rows:
+        overall = result["overall"]
+        worse = str(len(result["worse_than_lexical"])) if "worse_than_lexical" in result else "-"
+        better = str(len(result["better_than_lexical"])) if "better_than_lexical" in result else "-"
+        embedding = f"{result['query_embedding']['p50_ms']:.1f}" if "query_embedding" in result else "-"
+        print(f"{result['name'] + (' *' if result.get('default') else ''):<38} "
+              + " ".join(f"{overall[f'recall@{k}']:>6.3f}" for k in ks) + " "
+              + " ".join(f"{overall[f'hit@{k}']:>6.3f}" for k in ks)
+              + f" {overall['mrr']:>6.3f} {result['search']['p50_ms']:>7.1f} {result['search']['p95_ms']:>7.1f}"
+              f" {embedding:>7} {worse:>5} {better:>6}")
+    print("* memories.ranking.fuse as shipped; emb p50: the query's embedding call, within the search's time; "
+          "worse/better: questions whose R@10 differs from lexical only")
+    categories = sorted(hybrid["lexical"]["by_category"])
+    print(f"\nR@10 by category\n{'fusion':<38} " + " ".join(f"{name:>11}" for name in categories))
+    for result in rows:
+        print(f"{result['name']:<38} " + " ".join(f"{result['by_category'][name]['recall@10']:>11.3f}"
+                                                   for name in categories))
 
 
 def main(argv=None) -> int:
@@ -406,12 +646,24 @@ def main(argv=None) -> int:
     parser.add_argument("--shares", default=",".join(map(str, DEFAULT_SHARES)), help="COMMON_TERM_SHARE grid")
     parser.add_argument("--min-docs", default=",".join(map(str, DEFAULT_MIN_DOCS)), help="COMMON_TERM_MIN_DOCS grid")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--embeddings", default="", metavar="URL",
+                        help="OpenAI-compatible embeddings endpoint (e.g. bench/embeddings_server.py at "
+                             "http://127.0.0.1:8765/v1): also embed the memories and compare fusions")
+    parser.add_argument("--embedding-model", default=EMBEDDING_MODEL)
+    parser.add_argument("--fusions", default=",".join(FUSIONS),
+                        help="with --embeddings: which of FUSIONS to run, comma-separated")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the JSON goes")
+    parser.add_argument("--database", default=BENCH_DATABASE,
+                        help="name of the throwaway PostgreSQL database (created and dropped)")
     args = parser.parse_args(argv)
     shares = [float(value) for value in args.shares.split(",") if value.strip()]
     min_docs = [int(value) for value in args.min_docs.split(",") if value.strip()]
+    fusions = [name.strip() for name in args.fusions.split(",") if name.strip()]
+    if args.embeddings:
+        # The re-embedding job runs in this process (its task eager), never through a broker.
+        os.environ["CELERY_TASK_ALWAYS_EAGER"] = "true"
 
-    with ThrowawayDatabase(BENCH_DATABASE):
+    with ThrowawayDatabase(args.database):
         import django
 
         django.setup()
@@ -421,10 +673,12 @@ def main(argv=None) -> int:
         call_command("migrate", verbosity=0)
         figures = run(data_dir=args.data.resolve(), conversations=args.conversations,
                       questions_per_conversation=args.questions_per_conversation, filler=args.filler,
-                      shares=shares, min_docs=min_docs, seed=args.seed)
+                      shares=shares, min_docs=min_docs, seed=args.seed, embeddings=args.embeddings,
+                      embedding_model=args.embedding_model, fusions=fusions)
         vendor = connection.vendor
     print_table(figures)
-    print(f"wrote {write_results('memory_relevance', vendor, figures, args.out)}")
+    name = "memory_relevance-embeddings" if args.embeddings else "memory_relevance"
+    print(f"wrote {write_results(name, vendor, figures, args.out)}")
     return 0
 
 

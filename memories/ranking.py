@@ -3,9 +3,9 @@ the database once and hand these functions dataclasses; nothing here touches Dja
 
 Final score of a candidate (every factor is documented where its constant is):
 
-    relevance = weighted mean of the signals the candidate has:
-                  text   = BM25 / best BM25 among the candidates          (0..1)
-                  vector = (cosine - VECTOR_FLOOR) / (1 - VECTOR_FLOOR)   (0..1, clipped)
+    relevance = weighted mean of the signals the candidate has (fuse):
+                  text   = BM25 / best BM25 among the candidates                            (0..1)
+                  vector = (cosine - VECTOR_FLOOR) / (best cosine among them - VECTOR_FLOOR)  (0..1)
     score     = relevance × importance × recency × subject
 
 A candidate with neither a text match nor a vector above the floor is dropped, and so
@@ -28,12 +28,18 @@ from kinsite.textsearch import STOP_WORDS
 
 # Text and vector signals weigh the same when both exist: BM25 is precise on names and
 # rare words, vectors catch rewordings; neither is reliably better for short notes.
+# Each is scaled by the best candidate's, so both span 0..1 whatever the embedder's range:
+# all-MiniLM-L6-v2 gives a question and the turn that answers it a cosine of ~0.4–0.7, and
+# a fixed (cosine - floor) / (1 - floor) never let its vectors weigh as much as the words.
+# Chosen on LoCoMo with MiniLM (bench/memory_relevance.py --embeddings, bench/README.md):
+# on PostgreSQL recall@10 0.651 against 0.637 for the fixed scale, 0.643 for reciprocal-rank
+# fusion (k = 60) and 0.587 for the words alone (SQLite: 0.570, 0.571, 0.554 and 0.536).
 TEXT_WEIGHT = 0.5
 VECTOR_WEIGHT = 0.5
-# Cosine below which a vector says "unrelated". Modern embedders give unrelated short
-# sentences 0.05–0.3 (older ones like ada-002 sit higher, ~0.7, and would need a higher
-# floor via settings in the future); 0.35 keeps topical neighbours and drops noise.
-VECTOR_FLOOR = 0.35
+# Cosine at or below which a vector says "unrelated": its signal is 0. Modern embedders give
+# unrelated short sentences 0.0–0.2 (MiniLM: mostly below 0.15; older ones like ada-002
+# sit higher, ~0.7, and would need a higher floor via settings in the future).
+VECTOR_FLOOR = 0.2
 # Importance 1..10 maps to 0.55..1.0: a 10 outranks a 1 of equal relevance by ~1.8×,
 # enough to reorder near-ties without letting an important but off-topic memory win.
 IMPORTANCE_BASE = 0.5
@@ -281,8 +287,35 @@ def subject_factor(*, subject: str, query: frozenset[str]) -> float:
     return 1 + SUBJECT_BOOST * len(subject_terms & query) / len(subject_terms)
 
 
-def vector_signal(similarity: float) -> float:
-    return min(max((similarity - VECTOR_FLOOR) / (1 - VECTOR_FLOOR), 0.0), 1.0)
+@dataclass(frozen=True)
+class Relevance:
+    """How well one candidate matches the query (value; 0 = not at all), and the text and
+    vector signals it was made of (shown as the hit's components)."""
+
+    value: float
+    text: float
+    vector: float
+
+
+def fuse(candidates: list[Candidate]) -> dict[int, Relevance]:
+    """The relevance of each candidate: the weighted mean of its text and vector signals, each
+    scaled by the best candidate's (module doc). A candidate without a vector (written before
+    the embedder, or by another model) is judged on its words alone, not as a vector miss."""
+    best_text = max((c.text_score for c in candidates), default=0.0)
+    best_vector = max((c.vector_similarity for c in candidates if c.vector_similarity is not None), default=0.0)
+    fused = {}
+    for c in candidates:
+        text = c.text_score / best_text if best_text > 0 and c.text_score > 0 else 0.0
+        weights = TEXT_WEIGHT
+        relevance = TEXT_WEIGHT * text
+        vector = 0.0
+        if c.vector_similarity is not None:
+            if best_vector > VECTOR_FLOOR:
+                vector = max((c.vector_similarity - VECTOR_FLOOR) / (best_vector - VECTOR_FLOOR), 0.0)
+            weights += VECTOR_WEIGHT
+            relevance += VECTOR_WEIGHT * vector
+        fused[c.id] = Relevance(value=relevance / weights, text=text, vector=vector)
+    return fused
 
 
 def rank(
@@ -296,28 +329,20 @@ def rank(
 ) -> list[Ranked]:
     """The best `limit` candidates, best first, after the cut-offs (see the module doc)."""
     candidates = list(candidates)
-    best_text = max((c.text_score for c in candidates), default=0.0)
+    relevances = fuse(candidates)
     query_set = term_set(query)
     ranked = []
     for c in candidates:
-        text = c.text_score / best_text if best_text > 0 and c.text_score > 0 else 0.0
-        weights = TEXT_WEIGHT
-        relevance = TEXT_WEIGHT * text
-        vector = 0.0
-        if c.vector_similarity is not None:
-            vector = vector_signal(c.vector_similarity)
-            weights += VECTOR_WEIGHT
-            relevance += VECTOR_WEIGHT * vector
-        relevance /= weights
-        if relevance <= 0:
+        relevance = relevances[c.id]
+        if relevance.value <= 0:
             continue  # neither the words nor the meaning match
         importance = importance_factor(c.importance)
         recency = recency_factor(category=c.category, updated_at=c.updated_at, now=now,
                                  half_life_days=half_life_days)
         subject = subject_factor(subject=c.subject, query=query_set)
         ranked.append(Ranked(
-            id=c.id, score=relevance * importance * recency * subject,
-            text=text, vector=vector, importance=importance, recency=recency, subject=subject,
+            id=c.id, score=relevance.value * importance * recency * subject,
+            text=relevance.text, vector=relevance.vector, importance=importance, recency=recency, subject=subject,
         ))
     ranked.sort(key=lambda r: (-r.score, r.id))
     if ranked:

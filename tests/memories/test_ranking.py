@@ -87,6 +87,28 @@ def test_text_and_vector_agreement_beats_either_alone():
     assert order([text_only, vector_only, both], relative_cutoff=0)[0] == 1
 
 
+def test_vectors_are_scaled_by_the_best_cosine_so_a_real_embedders_range_counts():
+    # all-MiniLM-L6-v2 gives a question and the memory that answers it ~0.4-0.7, never ~1: the
+    # nearest memory found by meaning alone weighs as much as the best one found by words alone.
+    by_words = candidate(1, text=4.0, vector=0.1)
+    by_meaning = candidate(2, text=0.0, vector=0.55)
+    weaker_meaning = candidate(3, text=0.0, vector=0.375)  # half-way between the floor and the best
+    ranked = {r.id: r for r in ranking.rank([by_words, by_meaning, weaker_meaning], query="x", now=NOW,
+                                            half_life_days=HALF_LIVES, limit=5)}
+    assert ranked[1].text == 1.0 and ranked[1].vector == 0.0
+    assert ranked[2].vector == pytest.approx(1.0) and ranked[3].vector == pytest.approx(0.5)
+    assert ranked[2].score == pytest.approx(ranked[1].score)
+    assert ranked[3].score == pytest.approx(ranked[1].score / 2)
+
+
+def test_no_vector_above_the_floor_means_no_vector_signal():
+    # Only unrelated neighbours (cosines at or below VECTOR_FLOOR): none is lifted by being the best of them.
+    weak = ranking.VECTOR_FLOOR - 0.05
+    ranked = ranking.rank([candidate(1, text=2.0, vector=weak), candidate(2, text=0.0, vector=weak)], query="x",
+                          now=NOW, half_life_days=HALF_LIVES, limit=5, relative_cutoff=0)
+    assert [(r.id, r.vector) for r in ranked] == [(1, 0.0)]
+
+
 def test_limit_and_components():
     ranked = ranking.rank([candidate(i, text=10 - i) for i in range(8)], query="x", now=NOW,
                           half_life_days=HALF_LIVES, limit=3)

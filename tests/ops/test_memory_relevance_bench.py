@@ -95,3 +95,56 @@ def test_json_report_has_its_fields(figures, tmp_path):
             assert result["mean_candidates"] > 0
         else:
             assert result["mean_candidates"] is None
+
+
+# --- with embeddings (--embeddings) -------------------------------------------------------------
+
+FUSIONS = ["shipped (memories.ranking.fuse)", "vector only", "weighted 0.5/0.5 floor 0.35 (before)"]
+
+
+@pytest.fixture
+def hybrid_figures(conversation, fake_llm):
+    """The same small run against the fake OpenAI-compatible server, as bench/embeddings_server.py
+    would serve it: the real client embeds every memory and every question."""
+    from memories import ranking
+
+    shipped = ranking.fuse
+    defaults = (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
+    figures = run(conversations=1, questions_per_conversation=QUESTIONS, filler=FILLER,
+                  shares=[defaults[0]], min_docs=[defaults[1]], embeddings=fake_llm.base_url,
+                  embedding_model="fake-embedding", fusions=FUSIONS)
+    assert ranking.fuse is shipped  # swapped per fusion, put back afterwards
+    return figures
+
+
+def test_embeddings_run_embeds_every_memory_through_the_reembedding_job(hybrid_figures, fake_llm):
+    from kinsite.models import LLMCall
+
+    scope = sum(hybrid_figures["scope_sizes"].values())
+    assert hybrid_figures["hybrid"]["embedded"]["memories"] == scope
+    assert Memory.objects.filter(embedding_model="fake-embedding").count() == scope
+    assert not Memory.objects.filter(embedding__isnull=True).exists()
+    reembed_calls = LLMCall.objects.filter(purpose="memory_reembed")
+    assert reembed_calls.count() >= scope / 64 and not reembed_calls.exclude(status="ok").exists()
+    # Every question was embedded as a query, once per fusion (the lexical run embeds nothing).
+    queries = [body["input"] for body in fake_llm.requests_to("embeddings") if len(body["input"]) == 1]
+    questions = [question["question"] for question in hybrid_figures["answer_key"]]
+    assert [text for [text] in queries if text in questions] == questions * len(FUSIONS)
+
+
+def test_embeddings_run_reports_each_fusion_against_lexical_only(hybrid_figures):
+    hybrid = hybrid_figures["hybrid"]
+    [lexical] = [result for result in hybrid_figures["settings"] if result["default"]]
+    assert hybrid["lexical"]["overall"] == lexical["overall"]
+    assert [result["name"] for result in hybrid["fusions"]] == FUSIONS
+    assert [result["default"] for result in hybrid["fusions"]] == [True, False, False]
+    for result in hybrid["fusions"]:
+        assert result["overall"]["questions"] == QUESTIONS
+        assert result["search"]["count"] == QUESTIONS
+        changed = set(result["worse_than_lexical"]) | set(result["better_than_lexical"])
+        assert changed <= set(range(QUESTIONS))
+        assert not set(result["worse_than_lexical"]) & set(result["better_than_lexical"])
+    # Vectors alone rank differently from words: the runs are really of different fusions.
+    shipped, vector_only, _ = hybrid["fusions"]
+    assert vector_only["worse_than_lexical"] or vector_only["better_than_lexical"]
+    assert vector_only["overall"] != shipped["overall"]
