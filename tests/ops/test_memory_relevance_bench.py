@@ -123,7 +123,7 @@ def test_embeddings_run_embeds_every_memory_through_the_reembedding_job(hybrid_f
     scope = sum(hybrid_figures["scope_sizes"].values())
     assert hybrid_figures["hybrid"]["embedded"]["memories"] == scope
     assert Memory.objects.filter(embedding_model="fake-embedding").count() == scope
-    assert not Memory.objects.filter(embedding__isnull=True).exists()
+    assert not Memory.objects.filter(vector__isnull=True).exists()
     reembed_calls = LLMCall.objects.filter(purpose="memory_reembed")
     assert reembed_calls.count() >= scope / 64 and not reembed_calls.exclude(status="ok").exists()
     # Every question was embedded as a query, once per fusion (the lexical run embeds nothing).
