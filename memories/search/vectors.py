@@ -1,5 +1,7 @@
-"""The vector side of memory search without pgvector: an exact nearest-neighbour scan
-over every stored vector of a scope (no recency cap), as a float32 numpy matrix.
+"""The vector side of memory search: an exact nearest-neighbour scan over every stored
+vector of a scope (no recency cap), as a float32 numpy matrix. In the pgvector mode
+(memories.vectorindex) large scopes go through the HNSW index instead (search/hnsw.py),
+and every scope the index cannot serve well comes here.
 
 A scope is a kin's own memories or its team's shared ones (a search with include_shared
 scans both). Only active memories whose vector the query's model made, with the query's
@@ -27,7 +29,9 @@ from django.db import connection
 
 from kinsite.models import Kin, Team
 from memories.embeddings import Embedding
+from memories import vectorindex
 from memories.models import Memory, MemoryVectorScope
+from memories.search import hnsw
 
 _SCOPE_TABLE = MemoryVectorScope._meta.db_table
 _MEMORY_TABLE = Memory._meta.db_table
@@ -132,9 +136,12 @@ _cache_lock = threading.Lock()
 
 
 def vector_cache_clear() -> None:
-    """Forget every matrix this process holds (tests; memory pressure)."""
+    """Forget every matrix this process holds, and what it read about the pgvector mode
+    and scope sizes (tests; memory pressure)."""
     with _cache_lock:
         _cache.clear()
+    vectorindex.vector_mode_forget()
+    hnsw.scope_sizes_forget()
 
 
 def vector_cache_bytes() -> int:
@@ -327,6 +334,10 @@ def nearest(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Emb
         return {}
     query /= norm
     kin_keys = [0] if kin is None else ([kin.pk, 0] if include_shared else [kin.pk])
+    if connection.vendor == "postgresql" and vectorindex.vector_mode() == vectorindex.MODE_PGVECTOR:
+        found = hnsw.nearest(team_id=team.pk, kin_keys=kin_keys, model=embedding.model, query=query, k=k, also=also)
+        if found is not None:
+            return found
     ids, cosines = _all_scores(team.pk, kin_keys, embedding.model, query)
     if not len(ids):
         return {}
