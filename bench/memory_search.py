@@ -74,6 +74,7 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool 
         # Fresh planner statistics after the bulk load; on PostgreSQL also clear the dead rows the
         # load's updates left (about one per memory), as autovacuum would before long.
         cursor.execute("VACUUM ANALYZE" if connection.vendor == "postgresql" else "ANALYZE")
+    table_sizes = table_sizes_mb(connection)
     rng = random.Random(seed + 1)
     query_texts = [sentence(rng) for _ in range(queries)]
     cold = []
@@ -98,12 +99,28 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool 
         "queries": queries,
         "top_k": settings.MEMORY_TOP_K,
         "load_seconds": round(load_seconds, 1),
+        "table_sizes_mb": table_sizes,
         "mean_hits": round(sum(hit_counts) / len(hit_counts), 2),
         "search": latency_summary(latencies),
         "vectors": with_vectors,
         **vector_figures,
         "machine_state": machine.figures,
     }
+
+
+def table_sizes_mb(connection) -> dict:
+    """PostgreSQL: the heap size (MiB, pg_relation_size) of the memories table and, where it
+    exists, of the memory vector table: the heap the full-text candidates query reads."""
+    if connection.vendor != "postgresql":
+        return {}
+    sizes = {}
+    with connection.cursor() as cursor:
+        for table in ("memories_memory", "memories_memoryvector"):
+            cursor.execute("SELECT pg_relation_size(to_regclass(%s))", [table])
+            size = cursor.fetchone()[0]
+            if size is not None:
+                sizes[table] = round(size / 1024 / 1024, 1)
+    return sizes
 
 
 def vector_timings(team, kin_rows, provider, rng, count: int) -> dict:
@@ -150,8 +167,15 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--vectors", action="store_true",
                         help="store a 384-d vector with every memory and embed the queries")
+    parser.add_argument("--database", default="",
+                        help="PostgreSQL: the throwaway database's name (dropped before and after), so two runs "
+                             "at once on one server do not drop each other's (default kinsite_bench_memory, "
+                             "with --vectors kinsite_bench_memory_vectors)")
     args = parser.parse_args(argv)
-    with ThrowawayDatabase("kinsite_bench_memory_vectors" if args.vectors else "kinsite_bench_memory"):
+    database = args.database or ("kinsite_bench_memory_vectors" if args.vectors else "kinsite_bench_memory")
+    if not database.isidentifier():
+        parser.error(f"--database must be a plain name (letters, digits, underscores), not {database!r}")
+    with ThrowawayDatabase(database):
         import django
 
         django.setup()
@@ -165,6 +189,8 @@ def main(argv=None) -> int:
     search = figures["search"]
     print(f"memory search — {figures['database_version']}: {figures['memories']:,} memories in {figures['kins']} kins, "
           f"{figures['queries']} queries (top {figures['top_k']}), loaded in {figures['load_seconds']} s")
+    if figures["table_sizes_mb"]:
+        print("  heap: " + " · ".join(f"{table} {size} MiB" for table, size in figures["table_sizes_mb"].items()))
     print(f"  p50 {search['p50_ms']} ms · p95 {search['p95_ms']} ms · p99 {search['p99_ms']} ms · "
           f"max {search['max_ms']} ms · mean hits {figures['mean_hits']}")
     if figures["vectors"]:

@@ -68,7 +68,7 @@ def memories_populate(*, kins: int, per_kin: int, seed: int, team=None, embed=No
     from django.utils import timezone
 
     from kinsite.services import team_create
-    from memories.models import Memory
+    from memories.models import Memory, MemoryVector
     from sessions_app.services import kin_create
 
     rng = random.Random(seed)
@@ -86,10 +86,16 @@ def memories_populate(*, kins: int, per_kin: int, seed: int, team=None, embed=No
             )
             for _ in range(per_kin)
         ]
+        vectors = {}
         if embed is not None:
-            for row in rows:
-                row.embedding, row.embedding_model = embed(row.content)
+            for index, row in enumerate(rows):
+                vectors[index], row.embedding_model = embed(row.content)
         Memory.objects.bulk_create(rows, batch_size=2000)
+        if vectors:
+            MemoryVector.objects.bulk_create(
+                [MemoryVector(memory_id=rows[index].pk, vector=vector) for index, vector in vectors.items()],
+                batch_size=2000,
+            )
     # Spread updated_at over a year so recency decay has work to do.
     ids = list(Memory.objects.filter(team=team).values_list("id", flat=True))
     for start in range(0, len(ids), 5000):

@@ -43,12 +43,12 @@ class Memory(models.Model):
     )
     retrieval_count = models.PositiveIntegerField(default=0)
     last_retrieved_at = models.DateTimeField(null=True, blank=True)
-    # Embedding of `content` (float32, little-endian) when an embedder is configured.
-    embedding = models.BinaryField(null=True, blank=True, editable=False)
+    # The model that made the memory's vector (its MemoryVector row), "" when it has none:
+    # kept here, small and indexed, for the re-embedding check and the vector scan's filter.
     embedding_model = models.CharField(max_length=200, blank=True, editable=False)
     # The scope's vector generation (MemoryVectorScope) at this row's last change of
-    # vector, model, status or scope; set by database triggers (migration 0006), never
-    # by Django: the vector caches fetch the rows changed since the generation they hold.
+    # vector, model, status or scope; set by database triggers (migrations 0006, 0008),
+    # never by Django: the vector caches fetch the rows changed since the generation they hold.
     vector_seq = models.BigIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -69,6 +69,21 @@ class Memory(models.Model):
 
     def __str__(self):
         return self.content[:80]
+
+
+class MemoryVector(models.Model):
+    """A memory's embedding (float32, little-endian), made by the memory's embedding_model.
+    A table of its own so the memories heap stays narrow: inline, a 384-d vector (1.5 KB,
+    under the 2 KB TOAST threshold) tripled the rows every full-text search reads. Every
+    write here (any path: services, bulk writes, raw SQL) marks the memory's vector_seq
+    through a trigger (migration 0008), so the vector caches see it. Write it through
+    memories.vectorstore."""
+
+    memory = models.OneToOneField(Memory, primary_key=True, on_delete=models.CASCADE, related_name="vector")
+    vector = models.BinaryField()
+
+    def __str__(self):
+        return f"vector of memory {self.memory_id} ({len(self.vector) // 4} dimensions)"
 
 
 class MemoryVectorScope(models.Model):

@@ -29,6 +29,7 @@ from kinsite.models import Kin, Team
 from memories import ranking, selectors, vectorindex
 from memories.embeddings import embedding_model_current
 from memories.models import EmbeddingRun, Memory
+from memories.services import memory_vector_set
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +49,11 @@ MAX_ATTEMPTS = 3
 
 def memories_to_reembed(model: str):
     """Active memories without a vector of `model` (a Memory queryset). A memory without a
-    vector has embedding_model "" (the services write both together), which sorts before
-    any model. Written as two ranges rather than "<>", which no index serves: PostgreSQL
-    reads them from the partial index memory_active_embed_model, so the beat check does
-    not scan every active memory once all are up to date."""
+    vector (no MemoryVector row) has embedding_model "" (memory_vector_set's callers write
+    both together), which sorts before any model. Written as two ranges rather than "<>",
+    which no index serves: PostgreSQL reads them from the partial index
+    memory_active_embed_model, so the beat check does not scan every active memory once
+    all are up to date."""
     return Memory.objects.filter(status=Memory.Status.ACTIVE).filter(
         Q(embedding_model__lt=model) | Q(embedding_model__gt=model)
     )
@@ -164,9 +166,11 @@ def _write(run: EmbeddingRun, *, batch_last: int, count: int, vectors: dict) -> 
     for memory_id, (content, vector) in vectors.items():
         if not vector:
             continue  # the endpoint had no vector for it: it stays for the next run
-        memories_to_reembed(run.model).filter(pk=memory_id, content=content).update(
-            embedding=ranking.vector_to_bytes([float(x) for x in vector]), embedding_model=run.model
+        updated = memories_to_reembed(run.model).filter(pk=memory_id, content=content).update(
+            embedding_model=run.model
         )
+        if updated:  # (the UPDATE holds the memory's row lock until commit: no write slips in between)
+            memory_vector_set(memory_id=memory_id, vector=ranking.vector_to_bytes([float(x) for x in vector]))
     run.cursor, run.done = batch_last, run.done + count
     EmbeddingRun.objects.filter(pk=run.pk, status=Status.RUNNING).update(cursor=run.cursor, done=run.done, attempts=0)
 
@@ -235,6 +239,6 @@ def reembed_kin_progress(*, team: Team, kin: Kin) -> dict | None:
     if run is None:
         return None
     counts = selectors.memory_list(team=team, kin=kin, status=Memory.Status.ACTIVE).aggregate(
-        total=Count("id"), done=Count("id", filter=Q(embedding__isnull=False, embedding_model=run.model))
+        total=Count("id"), done=Count("id", filter=Q(vector__isnull=False, embedding_model=run.model))
     )
     return {"model": run.model, **counts}

@@ -10,7 +10,7 @@ from django.utils import timezone
 from kinsite.actors import Actor  # re-exported: memories.services.Actor is what callers import
 from kinsite.models import Kin, Team
 from memories.embeddings import Embedding, memory_embed
-from memories.models import Memory, MemoryChange
+from memories.models import Memory, MemoryChange, MemoryVector
 from memories.search import MemoryHit, memory_find_duplicate
 
 # The fields a change row snapshots, and the ones callers may edit.
@@ -85,9 +85,10 @@ def memory_add(
             importance=importance,
             source=source,
             source_ref=source_ref[:200],
-            embedding=embedding.as_bytes() if embedding else None,
             embedding_model=embedding.model if embedding else "",
         )
+        if embedding is not None:
+            memory_vector_set(memory_id=memory.pk, vector=embedding.as_bytes())
         _record(memory=memory, action=MemoryChange.Action.ADD, before={}, actor=actor, reason=reason)
     return MemoryAddResult(memory=memory, created=True)
 
@@ -111,11 +112,13 @@ def _update(*, memory: Memory, actor: Actor, reason: str, fields: dict,
     for name, value in fields.items():
         setattr(memory, name, value)
     if embedding is not None:
-        memory.embedding, memory.embedding_model = embedding.as_bytes(), embedding.model
+        memory.embedding_model = embedding.model
     elif content_changed:
         # The old vector describes the old text: better none than a wrong one.
-        memory.embedding, memory.embedding_model = None, ""
+        memory.embedding_model = ""
     memory.save()
+    if embedding is not None or content_changed:
+        memory_vector_set(memory_id=memory.pk, vector=embedding.as_bytes() if embedding is not None else None)
     _record(memory=memory, action=MemoryChange.Action.UPDATE, before=before, actor=actor, reason=reason)
     return memory
 
@@ -141,6 +144,19 @@ def memory_supersede(*, memory: Memory, actor: Actor, reason: str, superseded_by
     memory.save(update_fields=["status", "superseded_by", "updated_at"])
     _record(memory=memory, action=MemoryChange.Action.SUPERSEDE, before=before, actor=actor, reason=reason)
     return memory
+
+
+def memory_vector_set(*, memory_id: int, vector: bytes | None) -> None:
+    """Store a memory's vector (float32, little-endian: Embedding.as_bytes), replacing the
+    one it had, or with None remove it; one query. The one writer of MemoryVector rows, so
+    callers write the memory's embedding_model with it, in the same transaction (the model
+    that made `vector`, "" without one): search filters vectors by that model. The table's
+    trigger tells the vector caches (migration 0008)."""
+    if vector is None:
+        MemoryVector.objects.filter(memory_id=memory_id).delete()
+        return
+    MemoryVector.objects.bulk_create([MemoryVector(memory_id=memory_id, vector=vector)], update_conflicts=True,
+                                     unique_fields=["memory"], update_fields=["vector"])
 
 
 def memories_mark_retrieved(*, memory_ids: list[int], now: datetime | None = None) -> datetime:

@@ -38,7 +38,7 @@ BUILD_LOCK = 0x6B696E_766563  # "kin" "vec"
 # SQL: PostgreSQL has no cast from bytea, and a generated column needs an immutable
 # expression. About 0.5 ms per 384-d vector. Infinities and NaN (which pgvector refuses)
 # become 0; no embedder sends them.
-F32_TO_VECTOR_SQL = f"""
+F32_TO_VECTOR_SQL = """
 CREATE OR REPLACE FUNCTION memories_f32le_to_vector(data bytea) RETURNS vector
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
 SELECT array_agg(CASE WHEN exponent = 0 THEN sign * mantissa * 2.0::float8 ^ -149

@@ -149,7 +149,7 @@ def _hit_memories(ids: list[int], text_matches: dict[int, TextMatch], *, kin: Ki
     set here rather than joined."""
     memories = {i: memory_from_row(text_matches[i].row) for i in ids if i in text_matches}
     if missing := [i for i in ids if i not in memories]:
-        memories.update(Memory.objects.filter(pk__in=missing, status=Memory.Status.ACTIVE).defer("embedding").in_bulk())
+        memories.update(Memory.objects.filter(pk__in=missing, status=Memory.Status.ACTIVE).in_bulk())
     kin_field = Memory._meta.get_field("kin")
     for memory in memories.values():
         if memory.kin_id is None:

@@ -44,10 +44,10 @@ def scope_sql(*, team: Team, kin: Kin | None, include_shared: bool) -> tuple[str
     return f"m.team_id = %(team)s{cast} AND m.kin_id = %(kin)s{cast}", params
 
 
-# The columns a search hit is built from: all of a memory's but its embedding (never
-# shown, and up to kilobytes). Timestamps travel as text and are parsed only for the
-# hits (Django's timestamptz loader is Python and ran for every candidate).
-_HIT_FIELDS = [f for f in Memory._meta.concrete_fields if f.name != "embedding"]
+# The columns a search hit is built from: all of a memory's (its vector lives in
+# MemoryVector). Timestamps travel as text and are parsed only for the hits (Django's
+# timestamptz loader is Python and ran for every candidate).
+_HIT_FIELDS = list(Memory._meta.concrete_fields)
 _HIT_TIMESTAMPS = {i for i, f in enumerate(_HIT_FIELDS) if isinstance(f, DateTimeField)}
 _HIT_ATTNAMES = [f.attname for f in _HIT_FIELDS]
 
@@ -60,7 +60,7 @@ def hit_columns_sql(alias: str) -> str:
 
 
 def memory_from_row(row: tuple) -> Memory:
-    """A Memory instance from the hit_columns_sql columns, its embedding deferred."""
+    """A Memory instance from the hit_columns_sql columns."""
     values = [aware_datetime(value) if i in _HIT_TIMESTAMPS and value is not None else value
               for i, value in enumerate(row)]
     return Memory.from_db(connection.alias, _HIT_ATTNAMES, values)

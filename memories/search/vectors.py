@@ -11,9 +11,9 @@ Each process (web worker, Celery worker) keeps the matrices it has built in an L
 by settings.MEMORY_VECTOR_CACHE_MB (a scope larger than the cap is read whole at every
 search). Before each use it reads the scopes' rows of MemoryVectorScope (one query over
 a unique index): database triggers bump a scope's generation in the
-transaction of every write that changes a memory's vector, model, status, kin or team,
-and stamp the row's vector_seq with it (migration 0006), whatever wrote it (services,
-bulk writes, the admin, raw SQL). A newer generation costs a fetch of the rows stamped
+transaction of every write that changes a memory's vector (its MemoryVector row), model,
+status, kin or team, and stamp the memory's vector_seq with it (migrations 0006, 0008),
+whatever wrote it (services, bulk writes, the admin, raw SQL). A newer generation costs a fetch of the rows stamped
 after the cached one, patched into the matrix; a newer epoch (a memory left the scope)
 or another scope row (the scope was recreated) a reload. A reader whose own transaction
 has written (so it may see uncommitted rows that could roll back; on SQLite, any reader
@@ -28,13 +28,14 @@ from django.conf import settings
 from django.db import connection
 
 from kinsite.models import Kin, Team
-from memories.embeddings import Embedding
 from memories import vectorindex
-from memories.models import Memory, MemoryVectorScope
+from memories.embeddings import Embedding
+from memories.models import Memory, MemoryVector, MemoryVectorScope
 from memories.search import hnsw
 
 _SCOPE_TABLE = MemoryVectorScope._meta.db_table
 _MEMORY_TABLE = Memory._meta.db_table
+_VECTOR_TABLE = MemoryVector._meta.db_table
 # Spare rows allocated when a matrix grows, so adding a memory rarely copies the matrix.
 _GROWTH = 0.125
 _MIN_SPARE = 64
@@ -180,7 +181,7 @@ def _cache_key(team_id: int, kin_key: int, model: str, dims: int) -> tuple:
 
 
 def _scope_where(kin_key: int) -> str:
-    return "team_id = %s AND kin_id = %s" if kin_key else "team_id = %s AND kin_id IS NULL"
+    return "m.team_id = %s AND m.kin_id = %s" if kin_key else "m.team_id = %s AND m.kin_id IS NULL"
 
 
 def _scope_params(team_id: int, kin_key: int) -> list:
@@ -225,15 +226,15 @@ def _load(team_id: int, kin_keys: list[int], model: str, dims: int,
     scopes = []
     params: list = [team_id]
     if own := [kin_key for kin_key in kin_keys if kin_key]:
-        scopes.append(f"kin_id IN ({', '.join(['%s'] * len(own))})")
+        scopes.append(f"m.kin_id IN ({', '.join(['%s'] * len(own))})")
         params += own
     if 0 in kin_keys:
-        scopes.append("kin_id IS NULL")
+        scopes.append("m.kin_id IS NULL")
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT coalesce(kin_id, 0), id, embedding FROM {_MEMORY_TABLE}"
-            f" WHERE team_id = %s AND ({' OR '.join(scopes)}) AND status = %s"
-            " AND embedding_model = %s AND embedding IS NOT NULL",
+            f"SELECT coalesce(m.kin_id, 0), m.id, v.vector FROM {_MEMORY_TABLE} m"
+            f" JOIN {_VECTOR_TABLE} v ON v.memory_id = m.id"
+            f" WHERE m.team_id = %s AND ({' OR '.join(scopes)}) AND m.status = %s AND m.embedding_model = %s",
             [*params, Memory.Status.ACTIVE, model],
         )
         rows = cursor.fetchall()
@@ -255,8 +256,9 @@ def _changes(team_id: int, kin_key: int, model: str, dims: int, since: int) -> d
     ones the matrix holds now, None for the ones it no longer holds."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT id, status, embedding_model, embedding FROM {_MEMORY_TABLE}"
-            f" WHERE {_scope_where(kin_key)} AND vector_seq > %s",
+            f"SELECT m.id, m.status, m.embedding_model, v.vector FROM {_MEMORY_TABLE} m"
+            f" LEFT JOIN {_VECTOR_TABLE} v ON v.memory_id = m.id"
+            f" WHERE {_scope_where(kin_key)} AND m.vector_seq > %s",
             [*_scope_params(team_id, kin_key), since],
         )
         rows = cursor.fetchall()

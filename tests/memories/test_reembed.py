@@ -21,7 +21,7 @@ from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words, provide
 from kinsite.llm.types import LLMError
 from kinsite.models import LLMCall
 from memories import reembed, services
-from memories.models import EmbeddingRun, Memory
+from memories.models import EmbeddingRun, Memory, MemoryVector
 from memories.ranking import vector_to_bytes
 from memories.reembed import REEMBED_JOBS, reembed_check, reembed_run, reembed_start
 from memories.search import memory_search
@@ -119,7 +119,7 @@ def test_a_new_model_re_embeds_every_active_memory_in_batches(
     assert run.cursor == without_vector.pk and run.finished_at is not None
     for memory in Memory.objects.filter(status="active"):
         assert memory.embedding_model == "embed-b"
-        assert bytes(memory.embedding) == vector_to_bytes(embedder.vector(memory.content))
+        assert bytes(memory.vector.vector) == vector_to_bytes(embedder.vector(memory.content))
     assert Memory.objects.get(status="deleted").embedding_model == "embed-a"
     # Re-embedding is not an edit: ranking's recency does not move.
     assert dict(Memory.objects.values_list("id", "updated_at")) == updated_at
@@ -199,7 +199,7 @@ def test_the_soft_time_limit_ends_the_slice_and_the_next_one_resumes_from_the_cu
 def test_a_failed_run_records_the_error_and_keeps_the_old_vectors(
     embedder, memories_of_a, small_batches, django_capture_on_commit_callbacks
 ):
-    before = dict(Memory.objects.values_list("id", "embedding"))
+    before = {memory_id: bytes(vector) for memory_id, vector in MemoryVector.objects.values_list("memory_id", "vector")}
     embedder.embedding_model = "embed-b"
     embedder.fail_at[2] = LLMError("embedding endpoint down")
 
@@ -212,7 +212,7 @@ def test_a_failed_run_records_the_error_and_keeps_the_old_vectors(
     assert models_by_content() == {**dict.fromkeys(TEXTS, "embed-a"), TEXTS[0]: "embed-b", TEXTS[1]: "embed-b"}
     for memory in memories_of_a[2:]:
         memory.refresh_from_db()
-        assert memory.embedding == before[memory.pk]  # nothing lost
+        assert bytes(memory.vector.vector) == before[memory.pk]  # nothing lost
 
     assert reembed_check() is None  # not again straight away: the endpoint may still be down
     age(EmbeddingRun.objects.filter(pk=run.pk), "finished_at", timedelta(minutes=31))
@@ -243,7 +243,7 @@ def test_a_memory_changed_meanwhile_keeps_its_newer_vector(
     assert run.status == "done"
     changed.refresh_from_db()
     assert changed.content == "Tom owns the yearly budget" and changed.embedding_model == "embed-b"
-    assert bytes(changed.embedding) == vector_to_bytes(embedder.vector("Tom owns the yearly budget"))
+    assert bytes(changed.vector.vector) == vector_to_bytes(embedder.vector("Tom owns the yearly budget"))
 
 
 def test_a_run_whose_model_changed_again_fails_and_the_new_model_gets_its_own(

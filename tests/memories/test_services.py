@@ -7,7 +7,7 @@ import pytest
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.models import LLMCall
 from memories import ranking, search, services
-from memories.models import Memory, MemoryChange
+from memories.models import Memory, MemoryChange, MemoryVector
 from memories.services import Actor
 from tests.factories import KinFactory
 from tests.memories.embedders import BrokenEmbedder, NumberBlindEmbedder, SynonymEmbedder
@@ -193,25 +193,31 @@ def test_vectors_agreeing_do_not_merge_different_numbers(team, kin):
 # --- vectors at write time ----------------------------------------------------------------
 
 
+def stored_vector(memory) -> bytes | None:
+    """The memory's vector as stored (its MemoryVector row), None without one."""
+    row = MemoryVector.objects.filter(memory_id=memory.pk).values_list("vector", flat=True).first()
+    return None if row is None else bytes(row)
+
+
 def test_add_stores_a_float32_vector_when_the_provider_embeds(team, kin):
     with provider_override(ScriptedProvider()):
         memory = add(team, kin, "Maria prefers short answers").memory
     memory.refresh_from_db()
-    vector = ranking.vector_from_bytes(memory.embedding)
+    vector = ranking.vector_from_bytes(stored_vector(memory))
     assert len(vector) == 64 and memory.embedding_model == "scripted-embedding"
 
 
 def test_no_embedder_stores_no_vector(team, kin):
     memory = add(team, kin, "Maria prefers short answers").memory
     memory.refresh_from_db()
-    assert memory.embedding is None and memory.embedding_model == ""
+    assert stored_vector(memory) is None and memory.embedding_model == ""
 
 
 def test_failing_embedder_never_loses_the_memory(team, kin, caplog):
     with provider_override(BrokenEmbedder()):
         result = add(team, kin, "Maria prefers short answers")
     memory = Memory.objects.get(pk=result.memory.pk)
-    assert memory.content == "Maria prefers short answers" and memory.embedding is None
+    assert memory.content == "Maria prefers short answers" and stored_vector(memory) is None
     assert LLMCall.objects.filter(kind="embedding", status="error").count() == 1
     assert "Embedding for memory_embed failed" in caplog.text
 
@@ -219,13 +225,23 @@ def test_failing_embedder_never_loses_the_memory(team, kin, caplog):
 def test_changing_content_re_embeds_and_a_failure_drops_the_stale_vector(team, kin):
     with provider_override(ScriptedProvider()):
         memory = add(team, kin, "The deploy runs on Fridays").memory
-        before = Memory.objects.get(pk=memory.pk).embedding
+        before = stored_vector(memory)
         services.memory_update(memory=memory, actor=ACTOR, content="Releases happen every Monday morning")
-        assert Memory.objects.get(pk=memory.pk).embedding != before
+        assert stored_vector(memory) not in (before, None)
     with provider_override(BrokenEmbedder()):
         services.memory_update(memory=memory, actor=ACTOR, content="Releases happen every Tuesday")
     memory.refresh_from_db()
-    assert memory.content == "Releases happen every Tuesday" and memory.embedding is None
+    assert memory.content == "Releases happen every Tuesday" and stored_vector(memory) is None
+    assert memory.embedding_model == ""
+
+
+def test_an_edit_that_keeps_the_content_keeps_the_vector(team, kin):
+    with provider_override(ScriptedProvider()):
+        memory = add(team, kin, "The deploy runs on Fridays").memory
+        before = stored_vector(memory)
+        services.memory_update(memory=memory, actor=ACTOR, importance=9, subject="deploys")
+    memory.refresh_from_db()
+    assert stored_vector(memory) == before and memory.embedding_model == "scripted-embedding"
 
 
 # --- retrievals ---------------------------------------------------------------------------
