@@ -12,6 +12,7 @@ only (no TCP port to collide with the machine's PostgreSQL); the URL names the s
 directory as its host, percent-encoded, as dj-database-url reads it. The server keeps
 running after `start` returns, until `stop`."""
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -51,10 +52,8 @@ def stop(directory: Path) -> None:
 
     # As root pgserver runs the server as its `pgserver` user; pg_ctl must be that user too.
     user = "pgserver" if os.geteuid() == 0 else None
-    try:
+    with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
         pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user, timeout=60)
-    except subprocess.CalledProcessError:
-        pass  # already stopped
 
 
 def main(argv: list[str]) -> int:
