@@ -219,7 +219,7 @@ def vector_index_check() -> str | None:
     size changed, but its build competes with the run for the machine). What the build did
     ("built", "busy"), or None when there was nothing to do. Blocks for the whole build."""
     model = embedding_model_current()
-    if not model or vectorindex.vector_mode_read() != vectorindex.MODE_PGVECTOR or reembed_run_active(model):
+    if not model or vectorindex.vector_mode() != vectorindex.MODE_PGVECTOR or reembed_run_active(model):
         return None
     dims = vectorindex.current_model_dims(model)
     if dims is None:

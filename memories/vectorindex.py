@@ -56,19 +56,12 @@ $$
 
 MODE_PGVECTOR = "pgvector"
 MODE_EXACT = "exact"
-# How long a process trusts what it read about the mode (a command may enable it meanwhile).
-_MODE_TTL_SECONDS = 60.0
-_modes: dict[tuple, tuple[str, float]] = {}
 
 
-def _database_key() -> tuple:
-    db = connection.settings_dict
-    return (connection.vendor, db.get("HOST"), db.get("PORT"), db.get("NAME"))
-
-
-def vector_mode_read() -> str:
-    """The mode as the database has it now: "pgvector" when the vector table has its
-    pgvector column (the extension is installed and the column added), else "exact"."""
+def vector_mode() -> str:
+    """"pgvector" when the vector table has its pgvector column (the extension is installed
+    and the column added), else "exact". Search does not ask: it takes the HNSW path when
+    a valid index of the query's size exists (memories.search.vectors._read_states)."""
     if connection.vendor != "postgresql":
         return MODE_EXACT
     with connection.cursor() as cursor:
@@ -77,22 +70,6 @@ def vector_mode_read() -> str:
             [VECTOR_TABLE, COLUMN],
         )
         return MODE_PGVECTOR if cursor.fetchone() else MODE_EXACT
-
-
-def vector_mode() -> str:
-    """vector_mode_read(), as this process last read it (at most a minute ago)."""
-    key = _database_key()
-    cached = _modes.get(key)
-    if cached is not None and time.monotonic() - cached[1] < _MODE_TTL_SECONDS:
-        return cached[0]
-    mode = vector_mode_read()
-    _modes[key] = (mode, time.monotonic())
-    return mode
-
-
-def vector_mode_forget() -> None:
-    """Read the mode again at the next search (tests; after enabling it)."""
-    _modes.clear()
 
 
 # --- enabling --------------------------------------------------------------------------------
@@ -116,11 +93,10 @@ def pgvector_enable(schema_editor=None) -> bool:
         cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'")
         if cursor.fetchone() is None:
             return False
-    if vector_mode_read() == MODE_EXACT:
+    if vector_mode() == MODE_EXACT:
         run(F32_TO_VECTOR_SQL)
         run(f"ALTER TABLE {VECTOR_TABLE} ADD COLUMN {COLUMN} vector"
             f" GENERATED ALWAYS AS (memories_f32le_to_vector(vector)) STORED")
-    vector_mode_forget()
     return True
 
 
@@ -130,7 +106,6 @@ def pgvector_disable(schema_editor) -> None:
         return
     schema_editor.execute(f"ALTER TABLE {VECTOR_TABLE} DROP COLUMN IF EXISTS {COLUMN}")
     schema_editor.execute("DROP FUNCTION IF EXISTS memories_f32le_to_vector(bytea)")
-    vector_mode_forget()
 
 
 def _execute(sql: str, params=None) -> None:
@@ -205,7 +180,7 @@ def hnsw_index_build(dims: int) -> str:
     what happened: "built", "ready" (it was), "busy" (another connection is building), or
     "exact" (no pgvector here). A failed build's invalid index is dropped first. Runs for
     minutes on a large table; call it outside any transaction."""
-    if vector_mode_read() != MODE_PGVECTOR:
+    if vector_mode() != MODE_PGVECTOR:
         return "exact"
     name = hnsw_index_name(dims)
     with connection.cursor() as cursor:
@@ -236,7 +211,7 @@ def hnsw_index_build(dims: int) -> str:
 def vector_index_report(model: str) -> dict:
     """What /healthz and `manage.py vector_index` show: the mode, and in pgvector mode the
     current model's vector size and the state of its HNSW index (and its rows)."""
-    mode = vector_mode_read()
+    mode = vector_mode()
     if mode != MODE_PGVECTOR:
         return {"mode": mode}
     dims = current_model_dims(model)

@@ -129,15 +129,12 @@ def hnsw_query_params(*, query: np.ndarray, ef_search: int, team_id: int, kin_ke
 
 
 def nearest(*, team_id: int, kin_keys: list[int], model: str, query: np.ndarray, k: int,
-            also: set[int] | frozenset[int]) -> dict[int, float] | None:
-    """memories.search.vectors.nearest()'s answer through the HNSW index of the query's size
-    ({memory id: cosine} of the k nearest, plus those of `also` that have a vector), or
-    None when the exact path must answer: no ready index, a scope too small or too small a
-    share of the index, or fewer than k rows found."""
+            also: set[int] | frozenset[int], index_rows: int) -> dict[int, float] | None:
+    """memories.search.vectors.nearest()'s answer through the ready HNSW index of the query's
+    size, which holds about `index_rows` ({memory id: cosine} of the k nearest, plus those
+    of `also` that have a vector), or None when the exact path must answer: a scope too
+    small or too small a share of the index, or fewer than k rows found."""
     dims = len(query)
-    state, index_rows = vectorindex.hnsw_index_state(dims)
-    if state != vectorindex.READY:
-        return None
     rows_in_scope = scope_rows(team_id, kin_keys, model)
     ef_search = hnsw_ef_search(k=k, scope_rows=rows_in_scope, index_rows=index_rows,
                                min_scope=settings.MEMORY_VECTOR_HNSW_MIN_SCOPE)

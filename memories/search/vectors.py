@@ -137,11 +137,10 @@ _cache_lock = threading.Lock()
 
 
 def vector_cache_clear() -> None:
-    """Forget every matrix this process holds, and what it read about the pgvector mode
-    and scope sizes (tests; memory pressure)."""
+    """Forget every matrix this process holds, and the scope sizes the HNSW path counted
+    (tests; memory pressure)."""
     with _cache_lock:
         _cache.clear()
-    vectorindex.vector_mode_forget()
     hnsw.scope_sizes_forget()
 
 
@@ -188,28 +187,37 @@ def _scope_params(team_id: int, kin_key: int) -> list:
     return [team_id, kin_key] if kin_key else [team_id]
 
 
-def _read_states(team_id: int, kin_keys: list[int]) -> dict[int, _State]:
-    """The scopes' MemoryVectorScope rows, in one query."""
+def _read_states(team_id: int, kin_keys: list[int], dims: int) -> tuple[dict[int, _State], int | None]:
+    """The scopes' MemoryVectorScope rows, in one query; on PostgreSQL the same query also
+    says whether a valid HNSW index of `dims`-sized vectors exists (pgvector mode,
+    memories.vectorindex) and how many rows it holds by the planner's count: (states,
+    that count, or None without such an index). So the exact path costs no extra query
+    for asking, on any database."""
     if connection.vendor == "postgresql":
         # A transaction that wrote nothing has no transaction id, and sees committed rows only.
         committed = "pg_current_xact_id_if_assigned() IS NULL"
+        index = ("(SELECT CASE WHEN i.indisvalid AND i.indisready THEN greatest(c.reltuples, 0)::bigint END"
+                 " FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid WHERE c.oid = to_regclass(%s))")
+        index_params = [vectorindex.hnsw_index_name(dims)]
     else:
         # SQLite has no such question: outside a transaction block every read is committed.
         committed = "0" if connection.in_atomic_block or not connection.get_autocommit() else "1"
+        index, index_params = "NULL", []
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {committed}, s.kin_key, s.id, s.generation, s.epoch FROM (SELECT 1 AS one) AS x"
+            f"SELECT {committed}, {index}, s.kin_key, s.id, s.generation, s.epoch FROM (SELECT 1 AS one) AS x"
             f" LEFT JOIN {_SCOPE_TABLE} s ON s.team_id = %s AND s.kin_key IN ({', '.join(['%s'] * len(kin_keys))})",
-            [team_id, *kin_keys],
+            [*index_params, team_id, *kin_keys],
         )
         rows = cursor.fetchall()
-    committed_view = bool(rows[0][0])
-    found = {kin_key: (scope_id, generation, epoch) for _, kin_key, scope_id, generation, epoch in rows
+    committed_view, index_rows = bool(rows[0][0]), rows[0][1]
+    found = {kin_key: (scope_id, generation, epoch) for _, _, kin_key, scope_id, generation, epoch in rows
              if scope_id is not None}
-    return {
+    states = {
         kin_key: _State(*found.get(kin_key, (0, 0, 0)), committed_view=committed_view)
         for kin_key in kin_keys
     }
+    return states, (None if index_rows is None else int(index_rows))
 
 
 def _normalised(data, dims: int) -> np.ndarray | None:
@@ -298,12 +306,12 @@ def _scores(matrix: _Matrix, team_id: int, kin_key: int, model: str, query: np.n
     return np.concatenate([ids, added_ids]), np.concatenate([cosines, added_cosines])
 
 
-def _all_scores(team_id: int, kin_keys: list[int], model: str, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _all_scores(team_id: int, kin_keys: list[int], model: str, query: np.ndarray,
+                states: dict[int, _State]) -> tuple[np.ndarray, np.ndarray]:
     """(ids, cosines) over the scopes: one read of their states, then nothing more for the
     ones cached and current, the changed rows of the ones cached and behind, and one read
     of every vector for the others."""
     dims = len(query)
-    states = _read_states(team_id, kin_keys)
     keys = {kin_key: _cache_key(team_id, kin_key, model, dims) for kin_key in kin_keys}
     cached = {kin_key: _cached(keys[kin_key], states[kin_key]) for kin_key in kin_keys}
     missing = [kin_key for kin_key in kin_keys if cached[kin_key] is None]
@@ -336,11 +344,13 @@ def nearest(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Emb
         return {}
     query /= norm
     kin_keys = [0] if kin is None else ([kin.pk, 0] if include_shared else [kin.pk])
-    if connection.vendor == "postgresql" and vectorindex.vector_mode() == vectorindex.MODE_PGVECTOR:
-        found = hnsw.nearest(team_id=team.pk, kin_keys=kin_keys, model=embedding.model, query=query, k=k, also=also)
+    states, index_rows = _read_states(team.pk, kin_keys, len(query))
+    if index_rows is not None:
+        found = hnsw.nearest(team_id=team.pk, kin_keys=kin_keys, model=embedding.model, query=query, k=k,
+                             also=also, index_rows=index_rows)
         if found is not None:
             return found
-    ids, cosines = _all_scores(team.pk, kin_keys, embedding.model, query)
+    ids, cosines = _all_scores(team.pk, kin_keys, embedding.model, query, states)
     if not len(ids):
         return {}
     if k <= 0:

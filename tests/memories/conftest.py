@@ -37,7 +37,7 @@ def pgvector_db(transactional_db):
 
     from memories import vectorindex
 
-    if vectorindex.vector_mode_read() != vectorindex.MODE_PGVECTOR:
+    if vectorindex.vector_mode() != vectorindex.MODE_PGVECTOR:
         if os.environ.get("KINSITE_TEST_PGVECTOR"):
             pytest.fail("KINSITE_TEST_PGVECTOR is set, but this database has no pgvector column")
         pytest.skip("needs PostgreSQL with pgvector (scripts/test's third pass)")

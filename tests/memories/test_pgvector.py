@@ -67,7 +67,7 @@ def test_an_index_count_behind_the_scope_s_counts_as_the_scope():
 
 @pytest.mark.sqlite
 def test_sqlite_is_in_the_exact_mode(db, client):
-    assert vectorindex.vector_mode_read() == "exact"
+    assert vectorindex.vector_mode() == "exact"
     assert vectorindex.pgvector_enable() is False
     assert client.get("/healthz").json()["vectors"]["mode"] == "exact"
 
@@ -78,10 +78,10 @@ def test_postgres_without_pgvector_stays_exact_and_the_command_says_so(db, clien
         cursor.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")
         if cursor.fetchone() is not None:
             pytest.skip("this PostgreSQL has pgvector (the test is for one without)")
-    assert vectorindex.vector_mode_read() == "exact"
+    assert vectorindex.vector_mode() == "exact"
     with pytest.raises(CommandError, match="not available"):
         call_command("vector_index", "--enable", stdout=StringIO())
-    assert vectorindex.vector_mode_read() == "exact"  # the failed CREATE EXTENSION left nothing behind
+    assert vectorindex.vector_mode() == "exact"  # the failed CREATE EXTENSION left nothing behind
     out = StringIO()
     call_command("vector_index", stdout=out)
     assert out.getvalue() == "Vector search mode: exact\n"

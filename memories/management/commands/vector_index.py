@@ -39,7 +39,7 @@ class Command(BaseCommand):
                           f"{index['state']}{rows}")
 
     def _build(self, model: str) -> None:
-        if vectorindex.vector_mode_read() != vectorindex.MODE_PGVECTOR:
+        if vectorindex.vector_mode() != vectorindex.MODE_PGVECTOR:
             raise CommandError("The vector search mode is exact (no pgvector column): nothing to build. "
                                "Try --enable once pgvector is installed.")
         dims = vectorindex.current_model_dims(model)
