@@ -95,8 +95,14 @@ def pgvector_enable(schema_editor=None) -> bool:
             return False
     if vector_mode() == MODE_EXACT:
         run(F32_TO_VECTOR_SQL)
+        # STORAGE MAIN (pgvector's type defaults to EXTERNAL): a row of both copies of a
+        # 384-d vector is over the 2 KB TOAST threshold, and the copy moved out of line
+        # should be the bytes (read only when the exact scan loads a scope), not the column
+        # the HNSW path reads for every candidate. One statement, so the rewrite that
+        # fills the column already stores it that way.
         run(f"ALTER TABLE {VECTOR_TABLE} ADD COLUMN {COLUMN} vector"
-            f" GENERATED ALWAYS AS (memories_f32le_to_vector(vector)) STORED")
+            f" GENERATED ALWAYS AS (memories_f32le_to_vector(vector)) STORED,"
+            f" ALTER COLUMN {COLUMN} SET STORAGE MAIN")
     return True
 
 
