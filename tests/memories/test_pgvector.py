@@ -17,9 +17,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from kinsite.llm.providers import provider_override
-from memories import ranking, services, vectorindex
+from memories import ranking, reembed, services, tasks, vectorindex
 from memories.embeddings import Embedding
-from memories.models import Memory, MemoryVector
+from memories.models import EmbeddingRun, Memory, MemoryVector
 from memories.search import hnsw, memory_search, vectors
 from memories.services import Actor
 from tests.factories import KinFactory, TeamFactory
@@ -159,6 +159,10 @@ def test_the_generated_column_holds_the_stored_float32_vector_whatever_wrote_it(
                        [ranking.vector_to_bytes([2.0, -4.0]), memory_id])
         cursor.execute("SELECT embedding::real[] FROM memories_memoryvector WHERE memory_id = %s", [memory_id])
         assert cursor.fetchone()[0] == [2.0, -4.0]
+        # Stored inline first (MAIN): the HNSW path reads it for every candidate.
+        cursor.execute("SELECT attstorage FROM pg_attribute WHERE attrelid = 'memories_memoryvector'::regclass"
+                       " AND attname = 'embedding'")
+        assert cursor.fetchone()[0] == "m"
 
 
 def test_search_uses_the_hnsw_index_for_a_big_kin(world):
@@ -295,3 +299,17 @@ def test_a_build_that_died_is_reported_failed_and_replaced_by_the_next_build(pgv
     assert vectorindex.hnsw_index_build(DIMS) == "built"
     state, rows = vectorindex.hnsw_index_state(DIMS)
     assert state == "ready" and math.isclose(rows, 50, abs_tol=1)
+
+
+def test_beat_builds_the_index_once_re_embedding_is_done(pgvector_db, team, kin):
+    embedder = SynonymEmbedder()
+    with provider_override(embedder):
+        assert reembed.vector_index_check() is None  # no vector of the model yet
+        services.memory_add(team=team, kin=kin, content="Maria prefers espresso", actor=Actor(label="test"))
+        run = EmbeddingRun.objects.create(model=MODEL, status=EmbeddingRun.Status.RUNNING)
+        assert reembed.vector_index_check() is None  # a run for the model is going: not yet
+        assert vectorindex.hnsw_index_state(64)[0] == "missing"
+        EmbeddingRun.objects.filter(pk=run.pk).update(status=EmbeddingRun.Status.DONE)
+        assert tasks.vector_index_check_task.delay().get() == "built"
+        assert vectorindex.hnsw_index_state(64)[0] == "ready"
+        assert reembed.vector_index_check() is None  # ready: nothing to do
