@@ -141,9 +141,11 @@ def nearest(*, team_id: int, kin_keys: list[int], model: str, query: np.ndarray,
     if ef_search is None:
         return None
     also_ids = sorted(also)
-    with transaction.atomic(), connection.cursor() as cursor:
-        # Local to this transaction (a savepoint's when nested: set_config's is_local lasts
-        # to the end of the outer transaction, which only loosens later queries' ef_search).
+    # No savepoint inside a caller's transaction (a write's duplicate check): two round trips
+    # fewer, and an error here fails that transaction as it would anyway.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        # Local to the transaction: inside a caller's, it lasts to that one's end, which
+        # only changes the ef_search of later HNSW queries, and each sets its own.
         cursor.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)])
         cursor.execute(hnsw_query_sql(dims=dims, kin_keys=kin_keys, also=bool(also_ids)),
                        hnsw_query_params(query=query, ef_search=ef_search, team_id=team_id, kin_keys=kin_keys,
