@@ -42,10 +42,11 @@ def hnsw_ef_search(*, k: int, scope_rows: int, index_rows: int, min_scope: int) 
 
 # --- scope sizes -------------------------------------------------------------------------------
 
-# A scope's count of vectors of a model, as this process last counted it. Only its share of
-# the index is drawn from it, so a minute-old count will do (a count that fell behind a
-# shrinking scope at worst brings fewer than k rows, and the exact path answers).
-_SIZE_TTL_SECONDS = 60.0
+# A scope's count of vectors of a model, as this process last counted it (10-20 ms at
+# 100,000 memories, so not at every search). Only its share of the index is drawn from it,
+# and shares move slowly: a count that fell behind a shrinking scope at worst brings fewer
+# than k rows, and the exact path answers.
+_SIZE_TTL_SECONDS = 300.0
 _sizes: dict[tuple, tuple[int, float]] = {}
 _sizes_lock = threading.Lock()
 
@@ -64,7 +65,7 @@ def _scope_where(kin_keys: list[int]) -> tuple[str, list]:
 
 
 def scope_rows(team_id: int, kin_keys: list[int], model: str) -> int:
-    """Active memories of the scopes with a vector of `model` (counted at most a minute ago)."""
+    """Active memories of the scopes with a vector of `model` (counted at most 5 minutes ago)."""
     db = connection.settings_dict
     key = (db.get("HOST"), db.get("PORT"), db.get("NAME"), team_id, tuple(kin_keys), model)
     with _sizes_lock:
