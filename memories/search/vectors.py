@@ -308,8 +308,8 @@ def _scores(matrix: _Matrix, team_id: int, kin_key: int, model: str, query: np.n
 
 def _all_scores(team_id: int, kin_keys: list[int], model: str, query: np.ndarray,
                 states: dict[int, _State]) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, cosines) over the scopes: one read of their states, then nothing more for the
-    ones cached and current, the changed rows of the ones cached and behind, and one read
+    """(ids, cosines) over the scopes, given their states (_read_states): nothing more to
+    read for the ones cached and current, the changed rows of the ones cached and behind, and one read
     of every vector for the others."""
     dims = len(query)
     keys = {kin_key: _cache_key(team_id, kin_key, model, dims) for kin_key in kin_keys}
@@ -337,7 +337,9 @@ def nearest(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Emb
     """Cosine similarity by memory id of the `k` active memories of the scope nearest to
     `embedding` (a kin's own plus, with include_shared, the team-shared ones; kin=None:
     the shared ones only), among every vector of the scope the same model made; plus the
-    similarity of the memories in `also` (e.g. text candidates) that have such a vector."""
+    similarity of the memories in `also` (e.g. text candidates) that have such a vector.
+    Through the HNSW index (approximate) when the database has one for the query's size
+    and the scope is large enough a share of it (search/hnsw.py); else the exact scan."""
     query = np.asarray(embedding.vector, dtype=np.float32)
     norm = float(np.linalg.norm(query))
     if not len(query) or not norm:
