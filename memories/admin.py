@@ -7,10 +7,11 @@ and the dashboard do) and never hard-deletes one: that would erase its history.
 "Mark deleted" is an action calling memory_delete, the same status change as
 everywhere else."""
 from django.contrib import admin, messages
+from django.db.models.functions import Length
 
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from memories import services
-from memories.models import EmbeddingRun, Memory, MemoryChange, MemoryVectorScope
+from memories.models import EmbeddingRun, Memory, MemoryChange, MemoryVector, MemoryVectorScope
 
 
 def _actor(request) -> services.Actor:
@@ -102,6 +103,31 @@ class EmbeddingRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     def progress(self, run):
         percent = 100 if not run.total else min(100, round(100 * run.done / run.total))
         return f"{min(run.done, run.total)} of {run.total} ({percent}%)"
+
+
+@admin.register(MemoryVector)
+class MemoryVectorAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Which memories have a vector, of which model and size, read-only: the services and
+    re-embedding runs write them (memories.services.memory_vector_set). The vectors
+    themselves are never read here (kilobytes of numbers per row)."""
+
+    list_display = ["memory_id", "memory", "embedding_model", "dimensions"]
+    fields = ["memory", "embedding_model", "dimensions"]
+    readonly_fields = fields
+    list_select_related = ["memory"]
+    search_fields = ["=memory__id"]
+    show_full_result_count = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("vector").annotate(vector_bytes=Length("vector"))
+
+    @admin.display(description="model")
+    def embedding_model(self, row):
+        return row.memory.embedding_model
+
+    @admin.display(description="dimensions")
+    def dimensions(self, row):
+        return row.vector_bytes // 4
 
 
 @admin.register(MemoryVectorScope)

@@ -74,23 +74,24 @@ class Memory(models.Model):
 class MemoryVector(models.Model):
     """A memory's embedding (float32, little-endian), made by the memory's embedding_model.
     A table of its own so the memories heap stays narrow: inline, a 384-d vector (1.5 KB,
-    under the 2 KB TOAST threshold) tripled the rows every full-text search reads. Every
-    write here (any path: services, bulk writes, raw SQL) marks the memory's vector_seq
-    through a trigger (migration 0008), so the vector caches see it. Write it through
-    memories.vectorstore."""
+    under PostgreSQL's 2 KB TOAST threshold) made the heap every full-text search reads
+    almost five times as large. Every write here (any path: services, bulk writes, raw
+    SQL) marks the memory's vector_seq through a trigger (migration 0008), so the vector
+    caches see it. The services write it with memories.services.memory_vector_set."""
 
     memory = models.OneToOneField(Memory, primary_key=True, on_delete=models.CASCADE, related_name="vector")
     vector = models.BinaryField()
 
     def __str__(self):
-        return f"vector of memory {self.memory_id} ({len(self.vector) // 4} dimensions)"
+        return f"vector of memory {self.memory_id}"
 
 
 class MemoryVectorScope(models.Model):
     """The vector generation of one memory scope: a kin's own memories (kin_key = the
     kin's id) or its team's shared ones (kin_key = 0). Database triggers (migration 0006)
     bump `generation` in the transaction of every insert, and every update that changes a
-    memory's vector, model, status, kin or team, and stamp the row's vector_seq with it;
+    memory's model, status, kin or team or its vector (a MemoryVector write, which the
+    trigger of migration 0008 carries to the memory), and stamp the row's vector_seq with it;
     a row leaving the scope (moved, or deleted from the table) changes `epoch`, which makes
     the caches reload the scope. Plain ids, no foreign keys: a trigger writes these rows
     and an orphan (its kin deleted) costs nothing. Read by memories.search.vectors."""

@@ -3,7 +3,8 @@ nothing is added or hard-deleted there, and the change log is read-only."""
 import pytest
 from django.urls import reverse
 
-from memories.models import Memory, MemoryChange
+from kinsite.llm.providers import ScriptedProvider, provider_override
+from memories.models import Memory, MemoryChange, MemoryVector
 from memories.services import Actor, memory_add
 from tests.factories import UserFactory
 
@@ -67,3 +68,16 @@ def test_change_log_is_read_only(staff_client, memory):
     assert staff_client.get(reverse("admin:memories_memorychange_add")).status_code == 403
     staff_client.post(reverse("admin:memories_memorychange_delete", args=[change.pk]), {"post": "yes"})
     assert MemoryChange.objects.filter(pk=change.pk).exists()
+
+
+def test_vectors_page_shows_model_and_size_read_only(staff_client, kin):
+    with provider_override(ScriptedProvider()):
+        memory = memory_add(team=kin.team, kin=kin, content="Invoices go out on the first Monday",
+                            actor=Actor("test")).memory
+    page = staff_client.get(reverse("admin:memories_memoryvector_changelist")).content.decode()
+    assert "Invoices go out on the first Monday" in page
+    assert "scripted-embedding" in page and ">64<" in page  # the scripted provider's 64 dimensions
+    assert staff_client.get(reverse("admin:memories_memoryvector_change", args=[memory.pk])).status_code == 200
+    delete_url = reverse("admin:memories_memoryvector_delete", args=[memory.pk])
+    assert staff_client.post(delete_url, {"post": "yes"}).status_code == 403
+    assert MemoryVector.objects.filter(memory=memory).exists()
