@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from kinsite.admin_mixins import team_path
 from kinsite.models import PromptTemplate
-from memories.models import EmbeddingRun, MemoryVectorScope
+from memories.models import EmbeddingRun, MemoryVector, MemoryVectorScope
 from sessions_app.models import CompactionRun, IntrospectionRun
 from tests.abuse.support import seed_team
 from tests.factories import (
@@ -53,6 +53,7 @@ def seed_everything(team, *, secret, user):
                           body="{kin_name}", is_active=False)
     NodeResultFactory(node=seeded.node, version=1, records=[], config_fingerprint=secret)
     NodeRunFactory(run__workflow=seeded.workflow, node=seeded.node)
+    MemoryVector.objects.create(memory=seeded.memory, vector=b"\x00\x00\x80\x3f" * 4)
     return seeded
 
 
