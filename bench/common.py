@@ -39,11 +39,17 @@ class ThrowawayDatabase:
         parsed = urlparse(self.url)
         if parsed.scheme not in ("postgres", "postgresql", "pgsql"):
             raise SystemExit(f"DATABASE_URL must be PostgreSQL (or unset for SQLite), not {parsed.scheme}")
+        # dj-database-url reads a socket directory given as a percent-encoded host
+        # (postgres://postgres@%2Ftmp%2Fpgv%2Fpgdata/kinsite, as scripts/pgvector_server.py
+        # prints), which urlparse would leave encoded and lowercased.
+        import dj_database_url
+
+        database = dj_database_url.parse(self.url)
         self.admin_params = {
-            "host": parsed.hostname or "localhost",
-            "port": parsed.port or 5432,
-            "user": parsed.username,
-            "password": parsed.password,
+            "host": database["HOST"] or "localhost",
+            "port": database["PORT"] or 5432,
+            "user": database["USER"] or None,
+            "password": database["PASSWORD"] or None,
             "dbname": "postgres",
         }
         self._admin(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")

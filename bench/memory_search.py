@@ -6,12 +6,16 @@ same vocabulary. See bench/README.md.
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/kinsite python bench/memory_search.py
     ... bench/memory_search.py --vectors          # every memory with a 384-d vector
     ... bench/memory_search.py --vectors --kins 1 --per-kin 100000   # one 100,000-memory kin
+    DATABASE_URL=<a pgvector server's, scripts/pgvector_server.py> ... --vectors --hnsw ...
 
 With --vectors, queries are embedded too (a deterministic hashed bag of words, 384
 dimensions: cheap, offline, and the scan costs the same whatever the values), and it also
 times the first search of each kin on an empty vector cache (cold: the kin's matrix is
 built from the database), the vector scan alone, and the duplicate check of a write
-(memory_find_duplicate, as memory_add runs it).
+(memory_find_duplicate, as memory_add runs it). With --hnsw (PostgreSQL with pgvector), the
+HNSW index is built after the load (timed, as `manage.py vector_index --build` builds it),
+so scopes large enough search through it, and the recall of the vector scan against the
+exact scan is measured on the first 50 queries.
 """
 import argparse
 import random
@@ -50,7 +54,8 @@ class HashedEmbedder:
         return Embedder()
 
 
-def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool = False) -> dict:
+def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool = False,
+        with_hnsw: bool = False) -> dict:
     from contextlib import nullcontext
 
     from django.conf import settings
@@ -74,6 +79,7 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool 
         # Fresh planner statistics after the bulk load; on PostgreSQL also clear the dead rows the
         # load's updates left (about one per memory), as autovacuum would before long.
         cursor.execute("VACUUM ANALYZE" if connection.vendor == "postgresql" else "ANALYZE")
+    hnsw_figures = hnsw_build() if with_hnsw else {}
     table_sizes = table_sizes_mb(connection)
     rng = random.Random(seed + 1)
     query_texts = [sentence(rng) for _ in range(queries)]
@@ -92,6 +98,8 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool 
                 latencies.append((time.perf_counter() - started) * 1000)
                 hit_counts.append(len(hits))
         vector_figures = vector_timings(team, kin_rows, provider, rng, queries) if with_vectors else {}
+        if with_hnsw:
+            hnsw_figures["recall_at_50"] = hnsw_recall(team, kin_rows, provider, query_texts[:50])
     return {
         "database_version": database_version(connection),
         "memories": kins * per_kin,
@@ -104,8 +112,61 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool 
         "search": latency_summary(latencies),
         "vectors": with_vectors,
         **vector_figures,
+        **hnsw_figures,
         "machine_state": machine.figures,
     }
+
+
+def hnsw_build() -> dict:
+    """Build the HNSW index of the 384-d vectors as `manage.py vector_index --build` does;
+    its build time (the slow part of deploying pgvector) and size."""
+    from django.db import connection
+
+    from memories import vectorindex
+
+    if vectorindex.vector_mode() != vectorindex.MODE_PGVECTOR:
+        raise SystemExit("--hnsw needs PostgreSQL with pgvector (scripts/pgvector_server.py starts one)")
+    started = time.monotonic()
+    outcome = vectorindex.hnsw_index_build(VECTOR_DIMENSIONS)
+    seconds = time.monotonic() - started
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_relation_size(to_regclass(%s))", [vectorindex.hnsw_index_name(VECTOR_DIMENSIONS)])
+        size = cursor.fetchone()[0] or 0
+    return {"vector_mode": "pgvector", "hnsw_build": outcome, "hnsw_build_seconds": round(seconds, 1),
+            "hnsw_index_mb": round(size / 1024 / 1024, 1)}
+
+
+def hnsw_recall(team, kin_rows, provider, texts) -> dict:
+    """Mean share of the exact 50 nearest (the exact scan, forced) that the index path found,
+    and how many of the searches the index answered (the others fell back to the exact scan)."""
+    from django.conf import settings
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from memories.embeddings import Embedding, _embedding_model_name
+    from memories.search import vectors
+
+    model = _embedding_model_name(provider)
+    shares, through_index = [], 0
+    for index, vector in enumerate(provider.embed_result(texts).vectors):
+        kin = kin_rows[index % len(kin_rows)]
+        embedding = Embedding(vector=tuple(vector), model=model)
+        with CaptureQueriesContext(connection) as queries:
+            found = vectors.nearest(team=team, kin=kin, include_shared=True, embedding=embedding, k=50)
+        through_index += any("<=>" in query["sql"] for query in queries.captured_queries)
+        minimum = settings.MEMORY_VECTOR_HNSW_MIN_SCOPE
+        settings.MEMORY_VECTOR_HNSW_MIN_SCOPE = 10**12  # every scope "small": the exact path answers
+        try:
+            exact = vectors.nearest(team=team, kin=kin, include_shared=True, embedding=embedding, k=50)
+        finally:
+            settings.MEMORY_VECTOR_HNSW_MIN_SCOPE = minimum
+        # Ties at the 50th cosine (the synthetic corpus repeats sentences) make the exact set
+        # one of several: count by cosine, not id, with float32 rounding's slack (pgvector and
+        # numpy sum in different orders).
+        floor = min(exact.values()) - 1e-5
+        shares.append(sum(1 for memory_id, cosine in found.items() if memory_id in exact or cosine >= floor)
+                      / len(exact))
+    return {"recall": round(sum(shares) / len(shares), 4), "searches": len(shares), "through_index": through_index}
 
 
 def table_sizes_mb(connection) -> dict:
@@ -167,11 +228,15 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--vectors", action="store_true",
                         help="store a 384-d vector with every memory and embed the queries")
+    parser.add_argument("--hnsw", action="store_true",
+                        help="with --vectors on PostgreSQL with pgvector: build the HNSW index after the load (timed)")
     parser.add_argument("--database", default="",
                         help="PostgreSQL: the throwaway database's name (dropped before and after), so two runs "
                              "at once on one server do not drop each other's (default kinsite_bench_memory, "
                              "with --vectors kinsite_bench_memory_vectors)")
     args = parser.parse_args(argv)
+    if args.hnsw and not args.vectors:
+        parser.error("--hnsw needs --vectors")
     database = args.database or ("kinsite_bench_memory_vectors" if args.vectors else "kinsite_bench_memory")
     if not database.isidentifier():
         parser.error(f"--database must be a plain name (letters, digits, underscores), not {database!r}")
@@ -184,7 +249,7 @@ def main(argv=None) -> int:
 
         call_command("migrate", verbosity=0)
         figures = run(kins=args.kins, per_kin=args.per_kin, queries=args.queries, seed=args.seed,
-                      with_vectors=args.vectors)
+                      with_vectors=args.vectors, with_hnsw=args.hnsw)
         vendor = connection.vendor
     search = figures["search"]
     print(f"memory search — {figures['database_version']}: {figures['memories']:,} memories in {figures['kins']} kins, "
@@ -199,8 +264,15 @@ def main(argv=None) -> int:
             print(f"  {name.replace('_', ' ')}: p50 {part['p50_ms']} ms · p95 {part['p95_ms']} ms · "
                   f"max {part['max_ms']} ms")
         print(f"  vector cache holding one kin: {figures['vector_cache_mb']} MiB")
+    if figures.get("hnsw_build"):
+        print(f"  HNSW index: built in {figures['hnsw_build_seconds']} s, {figures['hnsw_index_mb']} MiB; "
+              f"recall of the 50 nearest against the exact scan {figures['recall_at_50']['recall']} "
+              f"({figures['recall_at_50']['through_index']} of {figures['recall_at_50']['searches']} "
+              f"searches through the index)")
     print("  " + machine_state_line(figures["machine_state"]))
     name = "memory_search_vectors" if figures["vectors"] else "memory_search"
+    if figures.get("hnsw_build"):
+        name += "_hnsw"
     print(f"wrote {write_results(name, vendor, figures)}")
     return 0
 

@@ -58,6 +58,13 @@ app.conf.beat_schedule = {
         "task": "memories.tasks.reembed_check_task",
         "schedule": crontab(minute="*/5"),
     },
+    # Every 15 minutes, PostgreSQL with pgvector only: build the HNSW index of the current
+    # embedding model's vectors (memories.vectorindex) when it is missing and no re-embedding
+    # run is going; a build holds an advisory lock, so a second one never starts meanwhile.
+    "vector-index": {
+        "task": "memories.tasks.vector_index_check_task",
+        "schedule": crontab(minute="*/15"),
+    },
 }
 
 

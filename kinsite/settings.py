@@ -315,6 +315,13 @@ MEMORY_HALF_LIFE_DAYS = {
 # float32 matrix (4 bytes x dimensions per memory: 100,000 x 384 is about 150 MB). This
 # caps the matrices one process keeps, in MB; the least recently used scope goes first.
 MEMORY_VECTOR_CACHE_MB = env_int("MEMORY_VECTOR_CACHE_MB", 512)
+# PostgreSQL with pgvector (memories.vectorindex): scopes with at least this many vectors of
+# the model are searched through the HNSW index once it is built; smaller ones by the exact
+# scan above, which is as fast there and never approximate.
+MEMORY_VECTOR_HNSW_MIN_SCOPE = env_int("MEMORY_VECTOR_HNSW_MIN_SCOPE", 10_000)
+# maintenance_work_mem for building an HNSW index, in MB: a graph that does not fit builds
+# many times slower (100,000 x 384 needs about 200 MB).
+MEMORY_VECTOR_INDEX_BUILD_MB = env_int("MEMORY_VECTOR_INDEX_BUILD_MB", 1024)
 
 LOGGING = {
     "version": 1,

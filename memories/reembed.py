@@ -26,7 +26,7 @@ from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit
 from kinsite.llm.gateway import llm_embed
 from kinsite.llm.providers import get_default_provider
 from kinsite.models import Kin, Team
-from memories import ranking, selectors
+from memories import ranking, selectors, vectorindex
 from memories.embeddings import embedding_model_current
 from memories.models import EmbeddingRun, Memory
 from memories.services import memory_vector_set
@@ -200,14 +200,34 @@ REEMBED_JOBS = JobKind(
 
 
 def reembed_progress() -> dict:
-    """What /healthz shows: the current embedding model, and the run re-embedding memories
-    with it ({"run", "status", "done", "total"}) or None."""
+    """What /healthz shows: the current embedding model, the run re-embedding memories
+    with it ({"run", "status", "done", "total"}) or None, the vector search mode ("pgvector"
+    or "exact") and, with pgvector, the HNSW index of the model's vectors
+    ({"name", "dims", "state", "rows"}, None before the model has any vector)."""
     model = embedding_model_current()
     run = reembed_run_active(model)
     progress = None
     if run is not None:
         progress = {"run": run.pk, "status": run.status, "done": min(run.done, run.total), "total": run.total}
-    return {"model": model or None, "reembedding": progress}
+    return {"model": model or None, "reembedding": progress, **vectorindex.vector_index_report(model)}
+
+
+def vector_index_check() -> str | None:
+    """Beat's check, pgvector mode only: build the HNSW index for the current model's vectors
+    when it is missing (or a build died), once the model has vectors and no re-embedding run
+    for it is going (an index built meanwhile would be built again for nothing only if the
+    size changed, but its build competes with the run for the machine). What the build did
+    ("built", "busy"), or None when there was nothing to do. Blocks for the whole build."""
+    model = embedding_model_current()
+    if not model or vectorindex.vector_mode() != vectorindex.MODE_PGVECTOR or reembed_run_active(model):
+        return None
+    dims = vectorindex.current_model_dims(model)
+    if dims is None:
+        return None
+    state, _ = vectorindex.hnsw_index_state(dims)
+    if state in (vectorindex.READY, vectorindex.BUILDING):
+        return None
+    return vectorindex.hnsw_index_build(dims)
 
 
 def reembed_kin_progress(*, team: Team, kin: Kin) -> dict | None:

@@ -1,5 +1,7 @@
-"""The vector side of memory search without pgvector: an exact nearest-neighbour scan
-over every stored vector of a scope (no recency cap), as a float32 numpy matrix.
+"""The vector side of memory search: an exact nearest-neighbour scan over every stored
+vector of a scope (no recency cap), as a float32 numpy matrix. In the pgvector mode
+(memories.vectorindex) large scopes go through the HNSW index instead (search/hnsw.py),
+and every scope the index cannot serve well comes here.
 
 A scope is a kin's own memories or its team's shared ones (a search with include_shared
 scans both). Only active memories whose vector the query's model made, with the query's
@@ -34,8 +36,10 @@ from django.conf import settings
 from django.db import connection
 
 from kinsite.models import Kin, Team
+from memories import vectorindex
 from memories.embeddings import Embedding
 from memories.models import Memory, MemoryVector, MemoryVectorScope
+from memories.search import hnsw
 
 _SCOPE_TABLE = MemoryVectorScope._meta.db_table
 _MEMORY_TABLE = Memory._meta.db_table
@@ -270,9 +274,11 @@ _cache_lock = threading.Lock()
 
 
 def vector_cache_clear() -> None:
-    """Forget every matrix this process holds (tests; memory pressure)."""
+    """Forget every matrix this process holds, and the scope sizes the HNSW path counted
+    (tests; memory pressure)."""
     with _cache_lock:
         _cache.clear()
+    hnsw.scope_sizes_forget()
 
 
 def vector_cache_bytes() -> int:
@@ -320,28 +326,37 @@ def _scope_params(team_id: int, kin_key: int) -> list:
     return [team_id, kin_key] if kin_key else [team_id]
 
 
-def _read_states(team_id: int, kin_keys: list[int]) -> dict[int, _State]:
-    """The scopes' MemoryVectorScope rows, in one query."""
+def _read_states(team_id: int, kin_keys: list[int], dims: int) -> tuple[dict[int, _State], int | None]:
+    """The scopes' MemoryVectorScope rows, in one query; on PostgreSQL the same query also
+    says whether a valid HNSW index of `dims`-sized vectors exists (pgvector mode,
+    memories.vectorindex) and how many rows it holds by the planner's count: (states,
+    that count, or None without such an index). So the exact path costs no extra query
+    for asking, on any database."""
     if connection.vendor == "postgresql":
         # A transaction that wrote nothing has no transaction id, and sees committed rows only.
         committed = "pg_current_xact_id_if_assigned() IS NULL"
+        index = ("(SELECT CASE WHEN i.indisvalid AND i.indisready THEN greatest(c.reltuples, 0)::bigint END"
+                 " FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid WHERE c.oid = to_regclass(%s))")
+        index_params = [vectorindex.hnsw_index_name(dims)]
     else:
         # SQLite has no such question: outside a transaction block every read is committed.
         committed = "0" if connection.in_atomic_block or not connection.get_autocommit() else "1"
+        index, index_params = "NULL", []
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {committed}, s.kin_key, s.id, s.generation, s.epoch FROM (SELECT 1 AS one) AS x"
+            f"SELECT {committed}, {index}, s.kin_key, s.id, s.generation, s.epoch FROM (SELECT 1 AS one) AS x"
             f" LEFT JOIN {_SCOPE_TABLE} s ON s.team_id = %s AND s.kin_key IN ({', '.join(['%s'] * len(kin_keys))})",
-            [team_id, *kin_keys],
+            [*index_params, team_id, *kin_keys],
         )
         rows = cursor.fetchall()
-    committed_view = bool(rows[0][0])
-    found = {kin_key: (scope_id, generation, epoch) for _, kin_key, scope_id, generation, epoch in rows
+    committed_view, index_rows = bool(rows[0][0]), rows[0][1]
+    found = {kin_key: (scope_id, generation, epoch) for _, _, kin_key, scope_id, generation, epoch in rows
              if scope_id is not None}
-    return {
+    states = {
         kin_key: _State(*found.get(kin_key, (0, 0, 0)), committed_view=committed_view)
         for kin_key in kin_keys
     }
+    return states, (None if index_rows is None else int(index_rows))
 
 
 def _normalised(data, dims: int) -> np.ndarray | None:
@@ -428,12 +443,12 @@ def _view(matrix: _Matrix, team_id: int, kin_key: int, model: str, state: _State
                  extra_vectors=np.stack(list(added.values())))
 
 
-def _views(team_id: int, kin_keys: list[int], model: str, dims: int) -> list[_View]:
-    """The scopes' views: one read of their states, then nothing more for the ones cached
+def _views(team_id: int, kin_keys: list[int], model: str, dims: int,
+           states: dict[int, _State]) -> list[_View]:
+    """The scopes' views, given their states (_read_states): nothing more to read for the ones cached
     and current, the changed rows of the ones cached and behind, and one read of every
     vector for the others. Every read is on the caller's thread and connection (a test's
     transaction, or a writer's own rows, is only visible there)."""
-    states = _read_states(team_id, kin_keys)
     keys = {kin_key: _cache_key(team_id, kin_key, model, dims) for kin_key in kin_keys}
     cached = {kin_key: _cached(keys[kin_key], states[kin_key]) for kin_key in kin_keys}
     missing = [kin_key for kin_key in kin_keys if cached[kin_key] is None]
@@ -515,6 +530,20 @@ class PendingSimilarities:
         return found
 
 
+class FoundSimilarities(PendingSimilarities):
+    """Similarities found already (through the HNSW index); result() asks `lookup` for
+    those of the `also` memories not among them."""
+
+    def __init__(self, found: dict[int, float], lookup: Callable[[set[int]], dict[int, float]]):
+        super().__init__([])
+        self._found, self._lookup = found, lookup
+
+    def result(self, also: set[int] | frozenset[int] = frozenset()) -> dict[int, float]:
+        if wanted := set(also) - self._found.keys():
+            self._found.update(self._lookup(wanted))
+        return self._found
+
+
 def _query_vector(embedding: Embedding) -> np.ndarray | None:
     query = np.asarray(embedding.vector, dtype=np.float32)
     norm = float(np.linalg.norm(query))
@@ -525,16 +554,36 @@ def _kin_keys(kin: Kin | None, include_shared: bool) -> list[int]:
     return [0] if kin is None else ([kin.pk, 0] if include_shared else [kin.pk])
 
 
+def _through_index(team: Team, kin_keys: list[int], embedding: Embedding, query: np.ndarray, k: int,
+                   index_rows: int | None, min_cosine: float = -1.0) -> FoundSimilarities | None:
+    """The k nearest (those at min_cosine or more) through the HNSW index when the database
+    has a ready one of the query's size and it serves the scope (search/hnsw.py), else None."""
+    if index_rows is None:
+        return None
+    found = hnsw.nearest(team_id=team.pk, kin_keys=kin_keys, model=embedding.model, query=query, k=k,
+                         index_rows=index_rows)
+    if found is None:
+        return None
+    found = {memory_id: cosine for memory_id, cosine in found.items() if cosine >= min_cosine}
+    return FoundSimilarities(found, lambda ids: hnsw.similarities(
+        team_id=team.pk, kin_keys=kin_keys, model=embedding.model, query=query, ids=ids))
+
+
 def nearest_start(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Embedding,
                   k: int, threaded: bool = True) -> PendingSimilarities:
     """Start finding the `k` active memories of the scope nearest to `embedding` (a kin's
     own plus, with include_shared, the team-shared ones; kin=None: the shared ones only),
     among every vector of the scope the same model made. The scope's rows are read now,
-    on this thread; the scan runs on a scan thread until result() (cosine by memory id)."""
+    on this thread; the scan runs on a scan thread until result() (cosine by memory id).
+    In pgvector mode the HNSW index answers instead, now, where it serves the scope."""
     query = _query_vector(embedding)
     if query is None or k <= 0:
         return PendingSimilarities([])
-    views = _views(team.pk, _kin_keys(kin, include_shared), embedding.model, len(query))
+    kin_keys = _kin_keys(kin, include_shared)
+    states, index_rows = _read_states(team.pk, kin_keys, len(query))
+    if (found := _through_index(team, kin_keys, embedding, query, k, index_rows)) is not None:
+        return found
+    views = _views(team.pk, kin_keys, embedding.model, len(query), states)
     return PendingSimilarities(views, query, lambda view: view.top(query, k), k=k, threaded=threaded)
 
 
@@ -542,12 +591,18 @@ def near_duplicates_start(*, team: Team, kin: Kin | None, embedding: Embedding, 
                           k: int) -> PendingSimilarities:
     """Start finding up to `k` active memories of the scope (the kin's own; kin=None: the
     team-shared ones) whose vector is at `min_cosine` or more from `embedding`, the nearest
-    first: the duplicate check. Found through bit codes (see CODE_BITS), cosines exact."""
+    first: the duplicate check. Found through bit codes (see CODE_BITS), cosines exact; in
+    pgvector mode through the HNSW index where it serves the scope (its k nearest, those at
+    min_cosine or more kept), so no process holds a large scope's vectors for it."""
     query = _query_vector(embedding)
     if query is None or k <= 0:
         return PendingSimilarities([])
+    kin_keys = _kin_keys(kin, include_shared=False)
+    states, index_rows = _read_states(team.pk, kin_keys, len(query))
+    if (found := _through_index(team, kin_keys, embedding, query, k, index_rows, min_cosine)) is not None:
+        return found
     code = _bit_codes(query[np.newaxis])[:, 0]
-    views = _views(team.pk, _kin_keys(kin, include_shared=False), embedding.model, len(query))
+    views = _views(team.pk, kin_keys, embedding.model, len(query), states)
     return PendingSimilarities(views, query, lambda view: view.near(query, code, min_cosine), k=k)
 
 

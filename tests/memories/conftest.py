@@ -22,3 +22,27 @@ def _fresh_vector_cache():
     vector_cache_clear()
     yield
     vector_cache_clear()
+
+
+@pytest.fixture
+def pgvector_db(transactional_db):
+    """A database in the pgvector mode (memories.vectorindex), committed for real: an HNSW
+    index is built CONCURRENTLY, which no transaction block allows. Skipped on databases
+    without pgvector; in scripts/test's pgvector pass (KINSITE_TEST_PGVECTOR set) a missing
+    extension fails instead, so that pass never passes by skipping. The indexes a test
+    builds are dropped after it (a flush leaves DDL alone)."""
+    import os
+
+    from django.db import connection
+
+    from memories import vectorindex
+
+    if vectorindex.vector_mode() != vectorindex.MODE_PGVECTOR:
+        if os.environ.get("KINSITE_TEST_PGVECTOR"):
+            pytest.fail("KINSITE_TEST_PGVECTOR is set, but this database has no pgvector column")
+        pytest.skip("needs PostgreSQL with pgvector (scripts/test's third pass)")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE indexname LIKE 'memoryvector_hnsw_%%'")
+        for (name,) in cursor.fetchall():
+            cursor.execute(f"DROP INDEX IF EXISTS {name}")
