@@ -24,6 +24,7 @@ Search scans the float vectors exactly (nearest_start); the duplicate check, whi
 only near-identical vectors, compares bit codes first and exact cosines of a shortlist
 (near_duplicates_start; see CODE_BITS). Both read the database on the caller's thread and
 leave the numpy work to a scan thread, so it overlaps the caller's full-text query."""
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -155,10 +156,17 @@ class _Matrix:
 # whatever the vectors look like (the signs of the raw coordinates would depend on the
 # embedding: a sparse or anisotropic one shares most signs), so a vector at cosine 0.93
 # (0.376 rad) differs in 30.6 of 256 bits on average (standard deviation 5.2), one at
-# cosine 0.2 in 112 (7.9): a duplicate is missed only when more than the shortlist of
-# rows are nearer by code, i.e. when hundreds of memories are near-duplicates themselves.
+# cosine 0.2 in 112 (7.9). The shortlist alone missed a duplicate whenever more rows than
+# it holds were nearer by code: hundreds of near misses (templated memories, a log line a
+# day) crowd out one just above the threshold. So when the shortlist is all within
+# DUPLICATE_CODE_SIGMAS standard deviations of the distance of a row at the threshold
+# (52 bits at 0.93), every row within that distance is compared: a duplicate is then missed
+# with probability 5e-5 at exactly 0.93, 4e-7 at 0.95 (binomial tails). Four deviations,
+# not more: the bench's synthetic corpus (a small vocabulary) has thousands of rows within
+# five of most queries, and comparing them all cost more than the scan it saves.
 CODE_BITS = 256
 DUPLICATE_SHORTLIST = 256
+DUPLICATE_CODE_SIGMAS = 4
 _CODE_WORDS = CODE_BITS // 64
 # Rows projected at a time when a matrix's codes are built (bounds the temporary array).
 _CODE_CHUNK = 8192
@@ -176,6 +184,14 @@ def _bit_codes(vectors: np.ndarray) -> np.ndarray:
         _directions[dims] = directions
     bits = np.packbits(vectors @ directions > 0, axis=1)  # (n, CODE_BITS / 8) uint8
     return np.ascontiguousarray(bits.view(np.uint64).T)
+
+
+def _code_reach(min_cosine: float) -> int:
+    """The code distance within which a row at `min_cosine` or more falls but for
+    DUPLICATE_CODE_SIGMAS standard deviations: its differing bits are Binomial(CODE_BITS,
+    angle/π)."""
+    p = math.acos(min(max(min_cosine, -1.0), 1.0)) / math.pi
+    return math.ceil(CODE_BITS * p + DUPLICATE_CODE_SIGMAS * math.sqrt(CODE_BITS * p * (1 - p)))
 
 
 def _hamming(codes: np.ndarray, code: np.ndarray) -> np.ndarray:
@@ -229,7 +245,8 @@ class _View:
 
     def near(self, query: np.ndarray, code: np.ndarray, min_cosine: float) -> tuple[np.ndarray, np.ndarray]:
         """(ids, cosines) of the rows at min_cosine or more among the DUPLICATE_SHORTLIST
-        nearest by bit code, and of the extra rows (all compared exactly)."""
+        nearest by bit code (more when more are within a duplicate's reach: see CODE_BITS),
+        and of the extra rows (all compared exactly)."""
         matrix = self.matrix
         if self.kept or matrix.codes is not None:
             distance = _hamming(matrix.ensure_codes()[:, : matrix.size], code)
@@ -239,6 +256,9 @@ class _View:
             distance[self._hidden_rows()] = far
             if len(distance) > DUPLICATE_SHORTLIST:
                 rows = np.argpartition(distance, DUPLICATE_SHORTLIST - 1)[:DUPLICATE_SHORTLIST]
+                if distance[rows].max() <= (reach := _code_reach(min_cosine)):
+                    # Rows beyond the shortlist may be duplicates too (see CODE_BITS): all of them.
+                    rows = np.flatnonzero(distance <= reach)
             else:
                 rows = np.arange(len(distance))
             rows = rows[distance[rows] < far]

@@ -496,3 +496,18 @@ def test_a_forked_child_gets_its_own_scan_threads_and_cache():
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert waited[0] == pid and os.waitstatus_to_exitcode(waited[1]) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prefilter_finds_a_duplicate_behind_more_near_misses_than_its_shortlist(team, kin):
+    """Templated memories (a log line a day, a ticket a row) can put more rows just under the
+    threshold than the shortlist holds: the duplicate above it must still be found."""
+    rng = np.random.default_rng(9)
+    query = unit(rng.standard_normal(DIMS))
+    rows = [vector_row(team, kin, f"near miss n{n}", vector=at_cosine(query, 0.92, rng).tolist())
+            for n in range(4 * vectors.DUPLICATE_SHORTLIST)]
+    rows.append(vector_row(team, kin, "duplicate", vector=at_cosine(query, 0.935, rng).tolist()))
+    create(rows, batch_size=1000)
+    embedding = Embedding(vector=tuple(query.tolist()), model=MODEL)
+    vectors.nearest(team=team, kin=kin, include_shared=False, embedding=embedding, k=1)  # cached: codes used
+    assert set(duplicates(team, kin, embedding)) == {rows[-1].pk}
