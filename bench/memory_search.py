@@ -179,15 +179,18 @@ def hnsw_recall(team, kin_rows, provider, texts) -> dict:
 
 
 # Acceptance 1 of issue 17 at the benchmark's size: the oldest memory of the first kin says
-# this, sharing no word with the query, and its vector is the query's (what a real
-# embedder would make of two sentences that mean the same); search must find it.
-PARKED_CONTENT = "The automobile sits parked downstairs on level two"
-PARKED_QUERY = "where did I leave my car"
+# PARKED_CONTENT, which shares no word with PARKED_QUERY, and its vector is the query's (what
+# a real embedder makes of two sentences that mean the same); search must find it. The query
+# shares only stop words with the corpus, so no memory matches it by full text, while its
+# vector, like a real embedding, is near many memories rather than orthogonal to all (an
+# HNSW graph cannot navigate to a point orthogonal to everything; real embeddings have none).
+PARKED_CONTENT = "Automobile sits parked downstairs, level two"
+PARKED_QUERY = "where is it on the car"
 
 
 def park_oldest(kin, embed) -> int:
-    """Rewrite the kin's first memory as PARKED_CONTENT with PARKED_QUERY's vector, older than
-    every other memory; its id."""
+    """Rewrite the kin's first memory as PARKED_CONTENT (a fact of middling importance) with
+    PARKED_QUERY's vector, older than every other memory; its id."""
     from datetime import timedelta
 
     from django.db.models import Min
@@ -197,8 +200,8 @@ def park_oldest(kin, embed) -> int:
     memory_id = Memory.objects.filter(kin=kin).order_by("id").values_list("id", flat=True).first()
     oldest = Memory.objects.filter(kin=kin).aggregate(oldest=Min("updated_at"))["oldest"]
     vector, model = embed(PARKED_QUERY)
-    Memory.objects.filter(pk=memory_id).update(content=PARKED_CONTENT, subject="", embedding_model=model,
-                                               updated_at=oldest - timedelta(days=1))
+    Memory.objects.filter(pk=memory_id).update(content=PARKED_CONTENT, subject="", category="fact", importance=5,
+                                               embedding_model=model, updated_at=oldest - timedelta(days=1))
     MemoryVector.objects.filter(memory_id=memory_id).update(vector=vector)
     return memory_id
 
