@@ -35,6 +35,7 @@ from kinsite.textsearch import STOP_WORDS
 # Chosen on LoCoMo with MiniLM (bench/memory_relevance.py --embeddings, bench/README.md):
 # on PostgreSQL recall@10 0.651 against 0.637 for the fixed scale, 0.643 for reciprocal-rank
 # fusion (k = 60) and 0.587 for the words alone (SQLite: 0.570, 0.571, 0.554 and 0.536).
+# VECTOR_MIN_SPREAD (below), added after review, left PostgreSQL's recall@10 at 0.651.
 TEXT_WEIGHT = 0.5
 VECTOR_WEIGHT = 0.5
 # Cosine at or below which a vector says "unrelated": its signal is 0. Modern embedders give
