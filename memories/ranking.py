@@ -5,7 +5,8 @@ Final score of a candidate (every factor is documented where its constant is):
 
     relevance = weighted mean of the signals the candidate has (fuse):
                   text   = BM25 / best BM25 among the candidates                            (0..1)
-                  vector = (cosine - VECTOR_FLOOR) / (best cosine among them - VECTOR_FLOOR)  (0..1)
+                  vector = (cosine - VECTOR_FLOOR)
+                           / max(best cosine among them - VECTOR_FLOOR, VECTOR_MIN_SPREAD)   (0..1)
     score     = relevance × importance × recency × subject
 
 A candidate with neither a text match nor a vector above the floor is dropped, and so
@@ -34,12 +35,19 @@ from kinsite.textsearch import STOP_WORDS
 # Chosen on LoCoMo with MiniLM (bench/memory_relevance.py --embeddings, bench/README.md):
 # on PostgreSQL recall@10 0.651 against 0.637 for the fixed scale, 0.643 for reciprocal-rank
 # fusion (k = 60) and 0.587 for the words alone (SQLite: 0.570, 0.571, 0.554 and 0.536).
+# VECTOR_MIN_SPREAD (below), added after review, left PostgreSQL's recall@10 at 0.651.
 TEXT_WEIGHT = 0.5
 VECTOR_WEIGHT = 0.5
 # Cosine at or below which a vector says "unrelated": its signal is 0. Modern embedders give
 # unrelated short sentences 0.0–0.2 (MiniLM: mostly below 0.15; older ones like ada-002
 # sit higher, ~0.7, and would need a higher floor via settings in the future).
 VECTOR_FLOOR = 0.2
+# The vector signal is scaled by the best cosine, but never by less than this spread above the
+# floor: when nothing is near (best cosine 0.21), the nearest of unrelated memories gets 0.01 /
+# 0.3, not a full 1.0 that would tie the best word match. 0.3 keeps the scaling for MiniLM's
+# real matches (the best cosine is ~0.5 or more when something answers the query: a spread of
+# 0.3 or more), and gives a best cosine of 0.35 half the signal.
+VECTOR_MIN_SPREAD = 0.3
 # Importance 1..10 maps to 0.55..1.0: a 10 outranks a 1 of equal relevance by ~1.8×,
 # enough to reorder near-ties without letting an important but off-topic memory win.
 IMPORTANCE_BASE = 0.5
@@ -299,8 +307,9 @@ class Relevance:
 
 def fuse(candidates: list[Candidate]) -> dict[int, Relevance]:
     """The relevance of each candidate: the weighted mean of its text and vector signals, each
-    scaled by the best candidate's (module doc). A candidate without a vector (written before
-    the embedder, or by another model) is judged on its words alone, not as a vector miss."""
+    scaled by the best candidate's (the vector one by at least VECTOR_MIN_SPREAD; module doc).
+    A candidate without a vector (written before the embedder, or by another model) is judged
+    on its words alone, not as a vector miss."""
     best_text = max((c.text_score for c in candidates), default=0.0)
     best_vector = max((c.vector_similarity for c in candidates if c.vector_similarity is not None), default=0.0)
     fused = {}
@@ -310,8 +319,8 @@ def fuse(candidates: list[Candidate]) -> dict[int, Relevance]:
         relevance = TEXT_WEIGHT * text
         vector = 0.0
         if c.vector_similarity is not None:
-            if best_vector > VECTOR_FLOOR:
-                vector = max((c.vector_similarity - VECTOR_FLOOR) / (best_vector - VECTOR_FLOOR), 0.0)
+            spread = max(best_vector - VECTOR_FLOOR, VECTOR_MIN_SPREAD)
+            vector = max((c.vector_similarity - VECTOR_FLOOR) / spread, 0.0)
             weights += VECTOR_WEIGHT
             relevance += VECTOR_WEIGHT * vector
         fused[c.id] = Relevance(value=relevance / weights, text=text, vector=vector)

@@ -155,3 +155,24 @@ def test_vectors_round_trip_as_float32_bytes():
     assert ranking.vector_from_bytes(None) is None
     assert ranking.cosine([1, 0], [1, 0]) == pytest.approx(1.0)
     assert ranking.cosine([1, 0], [0, 1, 0]) == 0.0
+
+
+def test_a_lone_neighbour_just_above_the_floor_is_not_a_full_match():
+    # Scaling by the best cosine alone made the vector signal jump from 0 at VECTOR_FLOOR to
+    # 1.0 just above it, so the nearest of otherwise unrelated memories (a query whose meaning
+    # matches nothing) tied the best word match; VECTOR_MIN_SPREAD keeps it small.
+    just_above = ranking.VECTOR_FLOOR + 0.01
+    by_words, lone_neighbour = candidate(1, text=4.0, vector=0.1), candidate(2, text=0.0, vector=just_above)
+    ranked = {r.id: r for r in ranking.rank([by_words, lone_neighbour], query="x", now=NOW,
+                                            half_life_days=HALF_LIVES, limit=5, relative_cutoff=0)}
+    assert 2 not in ranked or ranked[2].vector < 0.5
+
+
+def test_the_vector_signal_rises_smoothly_from_the_floor_when_nothing_is_near():
+    # Below a best cosine of VECTOR_FLOOR + VECTOR_MIN_SPREAD the signal is (cosine - floor) /
+    # spread, not scaled up to 1.0; above it the best candidate gets the full signal again.
+    floor, spread = ranking.VECTOR_FLOOR, ranking.VECTOR_MIN_SPREAD
+    fused = ranking.fuse([candidate(1, text=0.0, vector=floor + spread / 2), candidate(2, text=0.0, vector=floor)])
+    assert fused[1].vector == pytest.approx(0.5) and fused[2].vector == 0.0
+    fused = ranking.fuse([candidate(1, text=0.0, vector=floor + spread + 0.1)])
+    assert fused[1].vector == pytest.approx(1.0)
