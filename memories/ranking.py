@@ -44,9 +44,9 @@ VECTOR_WEIGHT = 0.5
 VECTOR_FLOOR = 0.2
 # The vector signal is scaled by the best cosine, but never by less than this spread above the
 # floor: when nothing is near (best cosine 0.21), the nearest of unrelated memories gets 0.01 /
-# 0.3, not a full 1.0 that would tie the best word match. 0.3 keeps the scaling for MiniLM's
-# real matches (the best cosine is ~0.5 or more when something answers the query: a spread of
-# 0.3 or more), and gives a best cosine of 0.35 half the signal.
+# 0.3, not a full 1.0 that would tie the best word match. MiniLM's real matches score
+# ~0.4–0.7: a best cosine of 0.5 or more keeps the full scaling, 0.4 gets 0.67 and 0.35 half.
+# On LoCoMo it changed no recall@10 (bench/README.md, "With MiniLM embeddings").
 VECTOR_MIN_SPREAD = 0.3
 # Importance 1..10 maps to 0.55..1.0: a 10 outranks a 1 of equal relevance by ~1.8×,
 # enough to reorder near-ties without letting an important but off-topic memory win.
