@@ -36,19 +36,42 @@ from bench.common import (  # noqa: E402
 from bench.synthetic import memories_populate, sentence  # noqa: E402
 
 VECTOR_DIMENSIONS = 384
+# Dense pseudo-embeddings: a bag of words hashed into HASHED_WORDS slots, projected onto
+# VECTOR_DIMENSIONS by a fixed Gaussian matrix. Cosines stay about those of the bags (texts
+# sharing words point the same way), but vary around them, as real embeddings do. A sparse
+# bag in 384 slots put thousands of the corpus's memories at exactly one cosine from a
+# query, a plateau no HNSW graph search can cross (bench/README.md, issue 17).
+HASHED_WORDS = 4096
+_projection = None
+
+
+def dense_bag_of_words(text: str) -> list[float]:
+    import hashlib
+    import re
+
+    import numpy as np
+
+    global _projection
+    if _projection is None:
+        _projection = np.random.default_rng(17).standard_normal((HASHED_WORDS, VECTOR_DIMENSIONS))
+    slots = [int.from_bytes(hashlib.md5(word.encode()).digest()[:4], "big") % HASHED_WORDS
+             for word in re.findall(r"\w+", text.lower())]
+    vector = _projection[slots].sum(axis=0) if slots else np.zeros(VECTOR_DIMENSIONS)
+    norm = float(np.linalg.norm(vector))
+    return (vector / norm if norm else vector).tolist()
 
 
 class HashedEmbedder:
-    """The scripted provider with 384-dimension vectors (built lazily: Django is set up first)."""
+    """The scripted provider with dense_bag_of_words vectors (built lazily: Django is set up first)."""
 
     @staticmethod
     def create():
-        from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words
+        from kinsite.llm.providers import ScriptedProvider
 
         class Embedder(ScriptedProvider):
             def embed_result(self, texts, *, model=None):
                 result = super().embed_result(texts, model=model)
-                result.vectors = [hashed_bag_of_words(t, VECTOR_DIMENSIONS) for t in texts]
+                result.vectors = [dense_bag_of_words(t) for t in texts]
                 return result
 
         return Embedder()
@@ -61,7 +84,7 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool 
     from django.conf import settings
     from django.db import connection
 
-    from kinsite.llm.providers import hashed_bag_of_words, provider_override
+    from kinsite.llm.providers import provider_override
     from memories import ranking
     from memories.embeddings import _embedding_model_name
     from memories.search import memory_search
@@ -72,7 +95,7 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool 
         model = _embedding_model_name(provider)
 
         def embed(text):
-            return ranking.vector_to_bytes(hashed_bag_of_words(text, VECTOR_DIMENSIONS)), model
+            return ranking.vector_to_bytes(dense_bag_of_words(text)), model
 
     team, kin_rows, load_seconds = memories_populate(kins=kins, per_kin=per_kin, seed=seed, embed=embed)
     parked = park_oldest(kin_rows[0], embed) if with_vectors else None
