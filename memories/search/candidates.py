@@ -44,6 +44,17 @@ def scope_sql(*, team: Team, kin: Kin | None, include_shared: bool) -> tuple[str
     return f"m.team_id = %(team)s{cast} AND m.kin_id = %(kin)s{cast}", params
 
 
+def kin_keys_sql(kin_keys: list[int]) -> tuple[str, list]:
+    """The kin condition (table alias m) and its parameters for scopes given as kin keys
+    (a kin's id for its own memories, 0 for the team-shared ones), as the vector side
+    names them (memories.search.vectors, .hnsw)."""
+    own = [kin_key for kin_key in kin_keys if kin_key]
+    parts = [f"m.kin_id IN ({', '.join(['%s'] * len(own))})"] if own else []
+    if 0 in kin_keys:
+        parts.append("m.kin_id IS NULL")
+    return f"({' OR '.join(parts)})", own
+
+
 # The columns a search hit is built from: all of a memory's (its vector lives in
 # MemoryVector). Timestamps travel as text and are parsed only for the hits (Django's
 # timestamptz loader is Python and ran for every candidate).

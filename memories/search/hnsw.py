@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from memories import vectorindex
+from memories.search.candidates import kin_keys_sql
 
 # pgvector's default and largest hnsw.ef_search.
 EF_SEARCH_DEFAULT = 40
@@ -56,14 +57,6 @@ def scope_sizes_forget() -> None:
         _sizes.clear()
 
 
-def _scope_where(kin_keys: list[int]) -> tuple[str, list]:
-    own = [kin_key for kin_key in kin_keys if kin_key]
-    parts = [f"m.kin_id IN ({', '.join(['%s'] * len(own))})"] if own else []
-    if 0 in kin_keys:
-        parts.append("m.kin_id IS NULL")
-    return f"({' OR '.join(parts)})", own
-
-
 def scope_rows(team_id: int, kin_keys: list[int], model: str) -> int:
     """Active memories of the scopes with a vector of `model` (counted at most 5 minutes ago)."""
     db = connection.settings_dict
@@ -72,7 +65,7 @@ def scope_rows(team_id: int, kin_keys: list[int], model: str) -> int:
         cached = _sizes.get(key)
     if cached is not None and time.monotonic() - cached[1] < _SIZE_TTL_SECONDS:
         return cached[0]
-    scope, params = _scope_where(kin_keys)
+    scope, params = kin_keys_sql(kin_keys)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT count(*) FROM {vectorindex.MEMORY_TABLE} m WHERE m.team_id = %s AND {scope}"
@@ -111,12 +104,12 @@ def hnsw_query_sql(*, dims: int, kin_keys: list[int]) -> str:
 def hnsw_query_params(*, query: np.ndarray, ef_search: int, team_id: int, kin_keys: list[int], model: str,
                       k: int) -> list:
     literal = _vector_literal(query)
-    _, kin_params = _scope_where(kin_keys)
+    _, kin_params = kin_keys_sql(kin_keys)
     return [literal, literal, ef_search, team_id, *kin_params, model, k]
 
 
 def _scope_filter(kin_keys: list[int]) -> str:
-    scope, _ = _scope_where(kin_keys)
+    scope, _ = kin_keys_sql(kin_keys)
     return f"m.team_id = %s AND {scope} AND m.status = 'active' AND m.embedding_model = %s"
 
 
@@ -148,7 +141,7 @@ def similarities(*, team_id: int, kin_keys: list[int], model: str, query: np.nda
     """The cosines of the memories in `ids` that are active in the scopes with a vector of
     `model` (the text candidates beside the HNSW neighbours), computed by pgvector."""
     dims = len(query)
-    _, kin_params = _scope_where(kin_keys)
+    _, kin_params = kin_keys_sql(kin_keys)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT v.memory_id, 1 - ({vectorindex.hnsw_expression(dims)} <=> %s::vector({dims}))"

@@ -41,6 +41,7 @@ from memories import vectorindex
 from memories.embeddings import Embedding
 from memories.models import Memory, MemoryVector, MemoryVectorScope
 from memories.search import hnsw
+from memories.search.candidates import kin_keys_sql
 
 _SCOPE_TABLE = MemoryVectorScope._meta.db_table
 _MEMORY_TABLE = Memory._meta.db_table
@@ -390,19 +391,13 @@ def _normalised(data, dims: int) -> np.ndarray | None:
 def _load(team_id: int, kin_keys: list[int], model: str, dims: int,
           states: dict[int, _State]) -> dict[int, _Matrix]:
     """Every active vector of the scopes made by `model` with `dims` dimensions, in one query."""
-    scopes = []
-    params: list = [team_id]
-    if own := [kin_key for kin_key in kin_keys if kin_key]:
-        scopes.append(f"m.kin_id IN ({', '.join(['%s'] * len(own))})")
-        params += own
-    if 0 in kin_keys:
-        scopes.append("m.kin_id IS NULL")
+    scope, kin_params = kin_keys_sql(kin_keys)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT coalesce(m.kin_id, 0), m.id, v.vector FROM {_MEMORY_TABLE} m"
             f" JOIN {_VECTOR_TABLE} v ON v.memory_id = m.id"
-            f" WHERE m.team_id = %s AND ({' OR '.join(scopes)}) AND m.status = %s AND m.embedding_model = %s",
-            [*params, Memory.Status.ACTIVE, model],
+            f" WHERE m.team_id = %s AND {scope} AND m.status = %s AND m.embedding_model = %s",
+            [team_id, *kin_params, Memory.Status.ACTIVE, model],
         )
         rows = cursor.fetchall()
     matrices = {}
