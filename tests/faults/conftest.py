@@ -22,10 +22,14 @@ from tests.ops.test_deployment import committed_database_url
 from tests.ops.test_serve_command import REPO, free_port
 from tests.support.fake_openai import FakeOpenAIServer
 
-# The gateway's limits in this suite: one retry, and a timeout far below the stall.
-LLM_TIMEOUT_SECONDS = 0.3
+# The gateway's limits in this suite: one retry, and a timeout far below the stall. The
+# timeout holds for every model call here, not only the stalled ones: at 0.3 s a scripted
+# answer that a loaded CI machine (2 cores) served late was retried, the retry took the next
+# scripted answer, and the turn ran without its tool call. 1.5 s is ~30 times a normal
+# answer's time and keeps a timeout test at a few seconds.
+LLM_TIMEOUT_SECONDS = 1.5
 LLM_MAX_RETRIES = 1
-STALL_SECONDS = 2.0
+STALL_SECONDS = 4.0
 
 
 # --- the model ---------------------------------------------------------------------------------

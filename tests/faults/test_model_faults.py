@@ -128,6 +128,8 @@ def test_tool_arguments_that_are_not_a_json_object_become_a_tool_error_the_model
 
     if not is_async:
         assert response.status_code == 201, response.content
+    # Two model calls, neither retried (a retry would have taken the next scripted answer).
+    assert list(LLMCall.objects.filter(purpose="turn").values_list("attempts", flat=True)) == [1, 1]
     assert turn["status"] == "done" and turn["tool_calls"] == 1
     assert turn["reply"]["content"] == "Sorry, I could not store that."
     assert not Memory.objects.exists()
