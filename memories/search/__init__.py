@@ -117,8 +117,9 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
         terms=terms, team=team, kin=kin, include_shared=include_shared, limit=candidate_limit)}
     vector_similarities = pending.result(also=set(text_matches)) if pending is not None else {}
     # The memories found by vector alone, read once: ranking's fields, and the hits' rows.
-    matches = {**{match.id: match for match in matches_by_id(set(vector_similarities) - set(text_matches))},
-               **text_matches}
+    vector_only = matches_by_id(set(vector_similarities) - set(text_matches),
+                                team=team, kin=kin, include_shared=include_shared)
+    matches = {**{match.id: match for match in vector_only}, **text_matches}
     candidates = [
         ranking.Candidate(
             id=memory_id,

@@ -80,16 +80,21 @@ def memory_from_row(row: tuple) -> Memory:
 _HIT_POSITION = {attname: i for i, attname in enumerate(_HIT_ATTNAMES)}
 
 
-def matches_by_id(ids: set[int]) -> list[TextMatch]:
-    """The active memories among `ids` as TextMatches of score 0 (candidates found by vector
-    alone), in one query: the fields ranking needs and, for the hits, the row."""
+def matches_by_id(ids: set[int], *, team: Team, kin: Kin | None, include_shared: bool) -> list[TextMatch]:
+    """The active memories of the scope among `ids` as TextMatches of score 0 (candidates
+    found by vector alone), in one query: the fields ranking needs and, for the hits, the
+    row. The ids come from a scoped vector search; the scope is checked again here so that
+    no id, however it was found, reads a memory of another kin or team."""
     if not ids:
         return []
+    where, params = scope_sql(team=team, kin=kin, include_shared=include_shared)
+    params.update({"active": Memory.Status.ACTIVE, **{f"id{i}": memory_id for i, memory_id in enumerate(ids)}})
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {hit_columns_sql('m')} FROM {Memory._meta.db_table} m"
-            f" WHERE m.status = %s AND m.id IN ({', '.join(['%s'] * len(ids))})",
-            [Memory.Status.ACTIVE, *ids],
+            f" WHERE {where} AND m.status = %(active)s"
+            f" AND m.id IN ({', '.join(f'%(id{i})s' for i in range(len(ids)))})",
+            params,
         )
         rows = cursor.fetchall()
     at = _HIT_POSITION

@@ -10,6 +10,7 @@ from kinsite.llm.providers import ScriptedProvider, provider_override
 from memories import services
 from memories.models import Memory
 from memories.search import memory_search
+from memories.search.candidates import matches_by_id
 from memories.services import Actor
 from tests.factories import KinFactory, MemoryFactory
 from tests.memories.embedders import BrokenEmbedder, SynonymEmbedder
@@ -92,6 +93,23 @@ def test_only_own_and_shared_memories_of_the_team_are_searched(team, kin, other_
     assert set(contents(search(team, kin, "invoice"))) == {own.content, shared.content}
     assert contents(search(team, kin, "invoice", include_shared=False)) == [own.content]
     assert contents(search(team, None, "invoice")) == [shared.content]
+
+
+def test_reading_vector_candidates_by_id_keeps_to_the_scope(team, kin, other_team):
+    """The ids of vector-only candidates come from a scoped vector search; reading their
+    rows checks the scope again, so an id of another kin or team reads nothing."""
+    own = MemoryFactory(team=team, kin=kin, content="Own memory")
+    shared = MemoryFactory(team=team, kin=None, content="Shared memory")
+    sibling = MemoryFactory(team=team, kin=KinFactory(team=team), content="A sibling kin's memory")
+    foreign = MemoryFactory(team=other_team, kin=KinFactory(team=other_team), content="Another team's memory")
+    ids = {own.pk, shared.pk, sibling.pk, foreign.pk}
+
+    def read(**scope):
+        return {match.id for match in matches_by_id(ids, team=team, **scope)}
+
+    assert read(kin=kin, include_shared=True) == {own.pk, shared.pk}
+    assert read(kin=kin, include_shared=False) == {own.pk}
+    assert read(kin=None, include_shared=True) == {shared.pk}
 
 
 def test_inactive_memories_are_not_returned(team, kin):
