@@ -16,7 +16,12 @@ from django.http import Http404
 from rest_framework import serializers as drf_serializers
 
 from consolidation import selectors as consolidation_selectors
-from consolidation.api.serializers import ExperienceQuerySerializer, ExperienceSerializer, FactCreateSerializer, FactSerializer
+from consolidation.api.serializers import (
+    ExperienceQuerySerializer,
+    ExperienceSerializer,
+    FactCreateSerializer,
+    FactSerializer,
+)
 from consolidation.models import Fact
 from consolidation.services import fact_record
 from kinsite.actors import Actor
@@ -49,7 +54,6 @@ from sessions_app.turns.preview import prompt_preview as session_prompt_preview
 from workflows.api.serializers import LineageQuerySerializer
 from workflows.models import Workflow
 from workflows.selectors import node_get, node_lineage, node_lineage_export, workflow_get
-
 
 # --- the caller's rows ------------------------------------------------------------------------
 # The selectors answer Http404 for another team's id; here it becomes a message that names
