@@ -7,6 +7,7 @@ token's principal in the ASGI scope, which the SDK hands every tool as the reque
 Context (`_caller`), so a tool cannot act for any team but the token's.
 """
 
+import json
 import logging
 import math
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Annotated, Any, Literal
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from pydantic import Field
 from rest_framework.exceptions import Throttled, ValidationError
 
@@ -60,24 +61,26 @@ def _validation_text(detail, prefix: str = "") -> str:
     return f"{prefix}: {detail}" if prefix else str(detail)
 
 
-async def _run(ctx: Context, tool: Callable[..., dict[str, Any]], **arguments) -> dict[str, Any]:
-    """Run a tool for the calling token, in Django's thread for synchronous code (so the ORM
-    keeps one connection per request, as a sync view would). Anticipated failures become a
-    ToolError, which the SDK answers as an isError result carrying the message; anything else
-    is a bug, which the SDK logs and answers with a generic error (never a crash)."""
+async def _run(ctx: Context, tool: Callable[..., dict[str, Any]], *, error: type[Exception] = ToolError,
+               **arguments) -> dict[str, Any]:
+    """Run an agent_mcp.tools function for the calling token, in Django's thread for synchronous
+    code (so the ORM keeps one connection per request, as a sync view would). Anticipated
+    failures are raised as `error` with a message for the client: a ToolError, which the SDK
+    answers as an isError result, or for a resource a ResourceError (a JSON-RPC error).
+    Anything else is a bug, which the SDK logs and answers with a generic error (never a crash)."""
     caller = _caller(ctx)
     try:
         return await sync_to_async(tool, thread_sensitive=True)(caller, **arguments)
     except KinsiteError as exc:
-        raise ToolError(exc.message) from exc
+        raise error(exc.message) from exc
     except ValidationError as exc:
-        raise ToolError(f"Invalid arguments: {_validation_text(exc.detail)}") from exc
+        raise error(f"Invalid arguments: {_validation_text(exc.detail)}") from exc
     except Throttled as exc:
         wait = f" Try again in {math.ceil(exc.wait)} s." if exc.wait else ""
-        raise ToolError(f"{exc.detail}{wait}") from exc
+        raise error(f"{exc.detail}{wait}") from exc
     except OUTAGE_ERRORS as exc:
-        logger.warning("Redis is unreachable during MCP tool %s: %s", tool.__name__, exc)
-        raise ToolError("A backing service (Redis) is unreachable; try again shortly.") from exc
+        logger.warning("Redis is unreachable during MCP call %s: %s", tool.__name__, exc)
+        raise error("A backing service (Redis) is unreachable; try again shortly.") from exc
 
 
 # --- argument types: the schema a client sees ------------------------------------------------------
@@ -248,3 +251,26 @@ async def message_post(
     reply's text is reply.content."""
     return await _run(ctx, tools.message_post, session_id=session_id, content=content, sender=sender,
                       platform=platform)
+
+
+# --- resources -----------------------------------------------------------------------------------
+# The same reads as the tools, addressed by URI, for clients that attach context rather than
+# call tools. Templates (resources/templates/list): the client fills in the kin's id.
+
+
+@mcp_server.resource(
+    "kinsite://kins/{kin_id}/experience", name="experience", title="Experience document", mime_type="text/markdown",
+    description="A kin's current experience document (markdown), consolidated from its fact ledger.",
+)
+async def experience_resource(kin_id: int, ctx: Context) -> str:
+    body = await _run(ctx, tools.experience_read, error=ResourceError, kin_id=kin_id)
+    return body["markdown"]
+
+
+@mcp_server.resource(
+    "kinsite://kins/{kin_id}/memories", name="memories", title="Memories", mime_type="application/json",
+    description=f"A kin's active memories, its own and its team's shared ones, newest first (at most "
+                f"{tools.RESOURCE_MEMORIES_MAX}; `truncated` says when there are more: use memory_search).",
+)
+async def memories_resource(kin_id: int, ctx: Context) -> str:
+    return json.dumps(await _run(ctx, tools.memories_read, error=ResourceError, kin_id=kin_id))

@@ -39,7 +39,7 @@ from memories.api.serializers import (
     MemoryUpdateSerializer,
 )
 from memories.models import Memory
-from memories.selectors import memory_get
+from memories.selectors import memory_get, memory_list
 from sessions_app import selectors as session_selectors, turns
 from sessions_app.api.serializers import (
     HistoryHitSerializer,
@@ -165,6 +165,23 @@ def memory_delete(caller: TokenPrincipal, *, memory_id: int, reason: str | None 
             memory=memory, actor=_actor(caller), reason=(reason or "").strip() or "Deleted through MCP."
         )
     return {"memory": MemorySerializer(memory).data}
+
+
+# The memories resource lists a kin's active memories whole; past this many (newest first)
+# it says it was cut, and memory_search is the way in.
+RESOURCE_MEMORIES_MAX = 500
+
+
+def memories_read(caller: TokenPrincipal, *, kin_id: int) -> dict[str, Any]:
+    """A kin's active memories, its own and the team-shared ones, newest first (a resource)."""
+    kin = _kin(caller, kin_id)
+    memories = list(memory_list(team=caller.team, kin=kin, status=Memory.Status.ACTIVE)
+                    .order_by("-updated_at", "-id")[:RESOURCE_MEMORIES_MAX + 1])
+    return {
+        "kin_id": kin.pk,
+        "memories": MemorySerializer(memories[:RESOURCE_MEMORIES_MAX], many=True).data,
+        "truncated": len(memories) > RESOURCE_MEMORIES_MAX,
+    }
 
 
 # --- history, facts, experience ---------------------------------------------------------------
