@@ -107,6 +107,14 @@ async def _answer(scope: dict, body: bytes) -> HttpResponse:
 
 @csrf_exempt  # Bearer tokens, never cookies: no cross-site request can carry one.
 async def mcp_endpoint(request):
+    if request.method != "POST":
+        # Stateless, the server has no stream of its own to offer (GET) and no session to end
+        # (DELETE); the transport lets it say so with 405. Handed to the SDK, a GET would be
+        # held open as an event stream that never sends anything, and a buffered answer
+        # would never come.
+        response = JsonResponse(error_body("method_not_allowed", "The MCP endpoint takes POST only."), status=405)
+        response["Allow"] = "POST"
+        return response
     caller = await sync_to_async(_authenticate, thread_sensitive=True)(request)
     if isinstance(caller, HttpResponse):
         return caller

@@ -103,3 +103,39 @@ def test_a_revoked_token_is_refused(live_server, mcp_team):
     assert response.status_code == 401
     assert response.json()["error"] == {"code": "authentication_failed", "message": "Invalid or revoked token.",
                                          "details": {}}
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
+def test_only_post_is_served(server_url, mcp_token, method):
+    # Stateless, there is no event stream to open (GET) and no session to end (DELETE): a GET
+    # handed to the SDK would be held open for good.
+    response = httpx2.request(method, f"{server_url}/mcp/", timeout=10,
+                              headers={**HEADERS, "Authorization": f"Bearer {mcp_token}"})
+
+    assert response.status_code == 405
+    assert response.headers["Allow"] == "POST"
+    assert response.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_malformed_or_oversized_bodies_are_refused(live_server, mcp_token):
+    headers = {**HEADERS, "Authorization": f"Bearer {mcp_token}"}
+
+    malformed = httpx2.post(f"{live_server.url}/mcp/", content=b"{not json", headers=headers, timeout=10)
+    oversized = httpx2.post(f"{live_server.url}/mcp/", content=b"x" * (5 * 1024 * 1024), headers=headers, timeout=10)
+
+    assert malformed.status_code == 400
+    assert malformed.json()["error"]["code"] == -32700  # JSON-RPC's parse error
+    assert oversized.status_code == 413
+
+
+def test_a_bare_json_rpc_call_without_a_handshake_is_answered(live_server, mcp_token, mcp_kin):
+    # Stateless: every POST stands alone, so a plain HTTP client can call a tool directly.
+    body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "memory_search", "arguments": {"kin_id": mcp_kin.pk, "query": "tea"}}}
+
+    response = httpx2.post(f"{live_server.url}/mcp/", json=body, timeout=10,
+                           headers={**HEADERS, "Authorization": f"Bearer {mcp_token}"})
+
+    assert response.status_code == 200
+    assert response.json()["id"] == 7
+    assert response.json()["result"]["structuredContent"] == {"results": []}
