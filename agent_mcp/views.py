@@ -59,7 +59,7 @@ def _asgi_scope(request, caller: TokenPrincipal) -> dict:
         "query_string": request.META.get("QUERY_STRING", "").encode("latin-1"),
         "headers": headers,
         "client": (request.META.get("REMOTE_ADDR", ""), 0),
-        "server": (request.get_host(), int(request.get_port() or 0)),
+        "server": (request.META.get("SERVER_NAME", ""), int(request.META.get("SERVER_PORT") or 0)),
         "state": {},
         SCOPE_CALLER_KEY: caller,
     }
@@ -91,7 +91,9 @@ async def _answer(scope: dict, body: bytes) -> HttpResponse:
                 answered.set()
 
     # A manager per request: stateless, it holds nothing between requests, and its run()
-    # scope (a task group for the request's server task) ends with the request.
+    # scope (a task group for the request's server task) ends with the request. It serves
+    # the MCPServer's low-level Server, which the SDK keeps private but uses the same way
+    # itself (mcp.client.Client connects to an MCPServer through it).
     manager = StreamableHTTPSessionManager(app=mcp_server._lowlevel_server, json_response=True, stateless=True)
     try:
         async with manager.run():
