@@ -19,6 +19,7 @@ class Fact(models.Model):
         API = "api", "API"
         DASHBOARD = "dashboard"
         ADMIN = "admin"
+        MCP = "mcp", "MCP"  # an agent's client through the MCP server (agent_mcp)
 
     class Status(models.TextChoices):
         ACTIVE = "active"

@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "memories",
     "consolidation",
     "workflows",
+    "agent_mcp",
 ]
 
 MIDDLEWARE = [
@@ -332,6 +333,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         "httpx": {"level": "WARNING"},
+        # The MCP server (agent_mcp.views) runs one stateless session manager per request,
+        # which logs its start and shutdown at INFO: two lines per MCP call, saying nothing.
+        "mcp.server.streamable_http_manager": {"level": "WARNING"},
         # Django's own default config gives "django" a console handler of its own (shown
         # when DEBUG is on); with the root's console that printed every django.* record
         # twice. The root handler alone prints them. (Its mail_admins handler goes too:

@@ -1,4 +1,4 @@
-"""Top-level URLs: the API under /api/v1/, /healthz, the admin, the dashboard."""
+"""Top-level URLs: the API under /api/v1/, the MCP server at /mcp/, /healthz, the admin, the dashboard."""
 from django.contrib import admin
 from django.templatetags.static import static
 from django.urls import include, path, re_path
@@ -11,6 +11,10 @@ urlpatterns = [
     # Browsers and crawlers ask for /favicon.ico whatever the pages link; they follow a redirect to the SVG.
     path("favicon.ico", RedirectView.as_view(url=static("kinsite/favicon.svg")), name="favicon"),
     path("api/v1/", include("kinsite.api.urls")),
+    # The MCP server (agent_mcp): the same Bearer tokens and team scoping as the API.
+    # /mcp as well as /mcp/: clients are configured with either, and a POST cannot follow
+    # APPEND_SLASH's redirect.
+    re_path(r"^mcp/?", include("agent_mcp.urls")),
     # The kin admin moved with the model from sessions_app to kinsite (issue 15); old links lead there.
     re_path(r"^admin/sessions_app/kin/(?P<rest>.*)$",
             RedirectView.as_view(url="/admin/kinsite/kin/%(rest)s", query_string=True)),

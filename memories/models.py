@@ -25,6 +25,7 @@ class Memory(models.Model):
         DASHBOARD = "dashboard"
         ADMIN = "admin"
         CONSOLIDATION = "consolidation"
+        MCP = "mcp", "MCP"  # an agent's client through the MCP server (agent_mcp)
 
     team = models.ForeignKey("kinsite.Team", on_delete=models.CASCADE, related_name="memories")
     # Empty: shared by every kin of the team.

@@ -8,6 +8,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from kinsite.actors import Actor  # re-exported: memories.services.Actor is what callers import
+from kinsite.errors import Conflict
 from kinsite.models import Kin, Team
 from memories.embeddings import Embedding, memory_embed
 from memories.models import Memory, MemoryChange, MemoryVector
@@ -91,6 +92,13 @@ def memory_add(
             memory_vector_set(memory_id=memory.pk, vector=embedding.as_bytes())
         _record(memory=memory, action=MemoryChange.Action.ADD, before={}, actor=actor, reason=reason)
     return MemoryAddResult(memory=memory, created=True)
+
+
+def memory_check_editable(*, memory: Memory) -> None:
+    """Only active memories are edited: a deleted or superseded one keeps what it said (its
+    callers, the API and the MCP server, check before memory_update; 409 when it is not)."""
+    if memory.status != Memory.Status.ACTIVE:
+        raise Conflict(f"This memory is {memory.status}; only active memories can be edited.")
 
 
 def memory_update(*, memory: Memory, actor: Actor, reason: str = "", **fields) -> Memory:

@@ -16,7 +16,7 @@ TEMPLATE_MAX_CHARS = 50_000
 class FactSerializer(serializers.ModelSerializer):
     # Plain strings in the schema: as enums, "status"/"source" would collide with other enums.
     status = serializers.CharField(read_only=True, help_text="active or superseded.")
-    source = serializers.CharField(read_only=True, help_text="introspection, tool, api, dashboard or admin.")
+    source = serializers.CharField(read_only=True, help_text="introspection, tool, api, dashboard, admin or mcp.")
     pending = serializers.SerializerMethodField(help_text="Active and not consolidated yet.")
 
     class Meta:

@@ -11,6 +11,7 @@ refusing every chat post would turn a cache outage into a full one, and the endp
 behind the throttle answer for themselves (503) if they need Redis too.
 """
 import logging
+from types import SimpleNamespace
 
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -70,3 +71,15 @@ class TokenRateThrottle(SimpleRateThrottle):
             wait=self.wait(),
             detail=f"Rate limit exceeded for {self.scope} requests with this token ({self.rate}).",
         )
+
+
+def token_throttle_check(*, principal, scope: str) -> None:
+    """Count one request of `scope` against the token of `principal` (a TokenPrincipal), as a
+    view with `throttle_scope = scope` would; raises Throttled once over the rate. For callers
+    that are not DRF views (the MCP server's tools), so a client is limited the same whichever
+    door it uses: the same rates, the same cache key, one window per token."""
+    throttle = TokenRateThrottle()
+    # The throttle reads only the method and the principal from the request, and only the
+    # scope from the view; a POST, since reads are never limited.
+    request = SimpleNamespace(method="POST", user=principal)
+    throttle.allow_request(request, SimpleNamespace(throttle_scope=scope))

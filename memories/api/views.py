@@ -9,7 +9,6 @@ from rest_framework.views import APIView
 
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
-from kinsite.errors import Conflict
 from kinsite.selectors import kin_get
 from memories import search, selectors, services
 from memories.api.serializers import (
@@ -34,11 +33,6 @@ class NewestFirstCursorPagination(DefaultCursorPagination):
 def _actor(request) -> services.Actor:
     token = request.user.token
     return services.Actor(label=f"token:{token.prefix}", user=token.user)
-
-
-def _editable(memory: Memory) -> None:
-    if memory.status != Memory.Status.ACTIVE:
-        raise Conflict(f"This memory is {memory.status}; only active memories can be edited.")
 
 
 LIST_PARAMETERS = [
@@ -125,7 +119,7 @@ class MemoryDetailView(APIView):
         memory = selectors.memory_get(team=request_team(request), memory_id=memory_id)
         serializer = MemoryUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        _editable(memory)
+        services.memory_check_editable(memory=memory)
         fields = dict(serializer.validated_data)
         reason = fields.pop("reason")
         memory = services.memory_update(memory=memory, actor=_actor(request), reason=reason, **fields)

@@ -333,3 +333,18 @@ class IntrospectionRunSerializer(serializers.ModelSerializer):
             "finished_at",
         ]
         read_only_fields = fields
+
+
+# --- response bodies shared by the API and the MCP server ----------------------------------
+
+
+def turn_posted_body(turn: Turn) -> dict:
+    """What a sync post answers (201) and a streamed one sends as its `done` event: the stored
+    message, the reply and the turn (after /new, also the session to continue in)."""
+    turn = Turn.objects.select_related("user_message", "reply").get(pk=turn.pk)
+    data = TurnSerializer(turn).data
+    body = {"message": data["message"], "reply": data["reply"], "turn": data}
+    if data["new_session_id"] is not None:
+        body["new_session_id"] = data["new_session_id"]
+        body["new_session"] = SessionSerializer(Session.objects.get(pk=data["new_session_id"])).data
+    return body

@@ -28,11 +28,11 @@ from sessions_app.api.serializers import (
     PromptPreviewSerializer,
     SessionSerializer,
     TurnSerializer,
+    turn_posted_body,
 )
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
-from sessions_app.prompt import PENDING_MESSAGE_ID, prompt_assemble
+from sessions_app.turns.preview import prompt_preview
 from sessions_app.turns.stream import turn_event_stream, turn_post_streamed
-from sessions_app.turns.tools import kin_toolset
 
 # Response envelopes, named once so the schema has one component each.
 TURN_POSTED = inline_serializer("TurnPosted", {
@@ -66,18 +66,6 @@ TURN_STREAM_EVENT = {
     },
     "required": ["id", "event", "data"],
 }
-
-
-def turn_posted_body(turn: Turn) -> dict:
-    """What a sync post answers (201) and a streamed one sends as its `done` event: the stored
-    message, the reply and the turn (after /new, also the session to continue in)."""
-    turn = Turn.objects.select_related("user_message", "reply").get(pk=turn.pk)
-    data = TurnSerializer(turn).data
-    body = {"message": data["message"], "reply": data["reply"], "turn": data}
-    if data["new_session_id"] is not None:
-        body["new_session_id"] = data["new_session_id"]
-        body["new_session"] = SessionSerializer(Session.objects.get(pk=data["new_session_id"])).data
-    return body
 
 
 def message_body(message: Event) -> dict:
@@ -232,40 +220,12 @@ class SessionPromptPreviewView(APIView):
         session = selectors.session_get(team=request_team(request), session_id=session_id)
         params = PromptPreviewQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
-        prompt = prompt_assemble(
+        body = prompt_preview(
             session=session,
-            message_text=params.validated_data["message"],
+            message=params.validated_data["message"],
             sender=params.validated_data["sender"],
             platform=params.validated_data["platform"],
         )
-        history = []
-        for entry in prompt.history:
-            event = entry.event
-            history.append({
-                "id": entry.item.id if entry.item.id != PENDING_MESSAGE_ID else None,
-                "kind": entry.item.kind,
-                "role": entry.item.role,
-                "sender": event.sender if event is not None else params.validated_data["sender"],
-                "platform": event.platform if event is not None else params.validated_data["platform"],
-                "created_at": event.created_at if event is not None else None,
-                "content": event.content if event is not None else params.validated_data["message"],
-                "tokens": entry.item.tokens,
-                "sent": entry.message,
-            })
-        body = {
-            "sections": [
-                {"id": s.id, "title": s.title, "text": s.text, "tokens": s.tokens} for s in prompt.sections
-            ],
-            "system_prompt": prompt.messages[0]["content"],
-            "history": history,
-            "tools": list(kin_toolset(workflow_id=session.workflow_id)),
-            "totals": {
-                "system_tokens": prompt.system_tokens,
-                "history_tokens": prompt.history_tokens,
-                "total_tokens": prompt.total_tokens,
-                "budget": prompt.budget,
-            },
-        }
         return Response(PromptPreviewSerializer(body).data)
 
 

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AgentMcpConfig(AppConfig):
+    name = "agent_mcp"
+    verbose_name = "MCP server"

@@ -1,0 +1,276 @@
+"""The MCP server's tools as MCP clients see them: names, descriptions and JSON schemas (the
+SDK derives each schema from the annotated signature), each a thin async wrapper that runs
+its agent_mcp.tools function for the calling token and turns failures into tool errors.
+
+The caller is not an argument: agent_mcp.views authenticates the HTTP request and puts the
+token's principal in the ASGI scope, which the SDK hands every tool as the request of its
+Context (`_caller`), so a tool cannot act for any team but the token's.
+"""
+
+import json
+import logging
+import math
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from pydantic import Field
+from rest_framework.exceptions import Throttled, ValidationError
+
+from agent_mcp import tools
+from consolidation.models import Fact
+from consolidation.services import STATEMENT_MAX_CHARS
+from kinsite.api.auth import TokenPrincipal
+from kinsite.api.errors import OUTAGE_ERRORS
+from kinsite.errors import KinsiteError
+from memories.api.serializers import MEMORY_CONTENT_MAX_CHARS, REASON_MAX_CHARS
+from memories.models import Memory
+from sessions_app.models import Event
+from workflows.api.serializers import LINEAGE_MAX_CHARS_LIMIT
+
+logger = logging.getLogger(__name__)
+
+# The ASGI scope key agent_mcp.views stores the authenticated TokenPrincipal under.
+SCOPE_CALLER_KEY = "kinsite.caller"
+
+INSTRUCTIONS = (
+    "Kinsite keeps durable context for AI agents (kins): long-term memories, chat sessions and their "
+    "history, a fact ledger consolidated nightly into an experience document, and data-workflow lineage. "
+    "Ids (kin_id, session_id, workflow_id, memory_id) are the ones the Kinsite API and dashboard show. "
+    "Search memories before answering from memory; add what is worth keeping."
+)
+
+mcp_server = MCPServer(name="kinsite", title="Kinsite", instructions=INSTRUCTIONS)
+
+
+def _caller(ctx: Context) -> TokenPrincipal:
+    return ctx.request_context.request.scope[SCOPE_CALLER_KEY]
+
+
+def _validation_text(detail, prefix: str = "") -> str:
+    """DRF's error detail (dict of field → messages, or a list) as one line per problem."""
+    if isinstance(detail, dict):
+        parts = [_validation_text(value, f"{prefix}{'' if name == 'non_field_errors' else name}")
+                 for name, value in detail.items()]
+        return " ".join(parts)
+    if isinstance(detail, list):
+        return " ".join(_validation_text(item, prefix) for item in detail)
+    return f"{prefix}: {detail}" if prefix else str(detail)
+
+
+async def _run(ctx: Context, tool: Callable[..., dict[str, Any]], *, error: type[Exception] = ToolError,
+               **arguments) -> dict[str, Any]:
+    """Run an agent_mcp.tools function for the calling token, in Django's thread for synchronous
+    code (so the ORM keeps one connection per request, as a sync view would). Anticipated
+    failures are raised as `error` with a message for the client: a ToolError, which the SDK
+    answers as an isError result, or for a resource a ResourceError (a JSON-RPC error).
+    Anything else is a bug, which the SDK logs and answers with a generic error (never a crash)."""
+    caller = _caller(ctx)
+    try:
+        return await sync_to_async(tool, thread_sensitive=True)(caller, **arguments)
+    except KinsiteError as exc:
+        raise error(exc.message) from exc
+    except ValidationError as exc:
+        raise error(f"Invalid arguments: {_validation_text(exc.detail)}") from exc
+    except Throttled as exc:
+        wait = f" Try again in {math.ceil(exc.wait)} s." if exc.wait else ""
+        raise error(f"{exc.detail}{wait}") from exc
+    except OUTAGE_ERRORS as exc:
+        logger.warning("Redis is unreachable during MCP call %s: %s", tool.__name__, exc)
+        raise error("A backing service (Redis) is unreachable; try again shortly.") from exc
+
+
+# --- argument types: the schema a client sees ------------------------------------------------------
+
+KinId = Annotated[int, Field(ge=1, description="The kin's id (as in /api/v1/kins/{id}/).")]
+SessionId = Annotated[int, Field(ge=1, description="The chat session's id (as in /api/v1/sessions/{id}/).")]
+MemoryId = Annotated[int, Field(ge=1, description="The memory's id, as memory_search or memory_add return it.")]
+WorkflowId = Annotated[int, Field(ge=1, description="The workflow's id (as in /api/v1/workflows/{id}/).")]
+MemoryCategory = Literal[tuple(Memory.Category.values)]
+FactCategory = Literal[tuple(Fact.Category.values)]
+Platform = Literal[tuple(Event.Platform.values)]
+Limit = Annotated[int | None, Field(ge=1, le=settings.SEARCH_MAX_LIMIT, description="How many results at most.")]
+Query = Annotated[str, Field(min_length=1, max_length=settings.SEARCH_MAX_QUERY_CHARS,
+                             description="What to look for, in plain words (search operators are ignored).")]
+Importance = Annotated[int | None, Field(ge=1, le=10, description="1 = trivia, 5 = useful (default), "
+                                                                  "10 = must never be forgotten.")]
+Subject = Annotated[str | None, Field(max_length=200, description="Who or what it is about, e.g. a person or project.")]
+Reason = Annotated[str | None, Field(max_length=REASON_MAX_CHARS,
+                                     description="Why, in a few words (kept in the memory's change log).")]
+Sender = Annotated[str | None, Field(max_length=200, description="Who is writing (one line), e.g. 'Maria'.")]
+
+
+# --- tools ---------------------------------------------------------------------------------------
+
+
+@mcp_server.tool()
+async def memory_search(
+    kin_id: KinId,
+    query: Query,
+    ctx: Context,
+    limit: Limit = None,
+    category: Annotated[MemoryCategory | None, Field(description="Only memories of this category.")] = None,
+) -> dict[str, Any]:
+    """Search a kin's long-term memories (its own and its team's shared ones) by words and meaning,
+    ranked by relevance, importance and recency. Answers {results: [{id, content, category, subject,
+    importance, shared, score, ...}]}. Use it before answering from memory."""
+    return await _run(ctx, tools.memory_search, kin_id=kin_id, query=query, limit=limit, category=category)
+
+
+@mcp_server.tool()
+async def memory_add(
+    kin_id: KinId,
+    content: Annotated[str, Field(min_length=1, max_length=MEMORY_CONTENT_MAX_CHARS,
+                                  description="One self-contained statement, e.g. 'Maria prefers short answers.'")],
+    category: Annotated[MemoryCategory, Field(description="fact (about people or the world), preference (how "
+                                                          "someone likes things), decision (what was agreed), "
+                                                          "knowledge (how to do something).")],
+    ctx: Context,
+    subject: Subject = None,
+    importance: Importance = None,
+    shared: Annotated[bool | None, Field(description="true: the memory belongs to the kin's whole team.")] = None,
+    reason: Reason = None,
+) -> dict[str, Any]:
+    """Store a long-term memory for a kin. When an active memory already says the same thing, that one
+    is updated instead (created: false). Every change is kept in the memory's change log. Answers
+    {created, memory}."""
+    return await _run(ctx, tools.memory_add, kin_id=kin_id, content=content, category=category, subject=subject,
+                      importance=importance, shared=shared, reason=reason)
+
+
+@mcp_server.tool()
+async def memory_update(
+    memory_id: MemoryId,
+    ctx: Context,
+    content: Annotated[str | None, Field(min_length=1, max_length=MEMORY_CONTENT_MAX_CHARS,
+                                         description="The new statement.")] = None,
+    category: Annotated[MemoryCategory | None, Field(description="The new category.")] = None,
+    subject: Subject = None,
+    importance: Importance = None,
+    reason: Reason = None,
+) -> dict[str, Any]:
+    """Change an active memory: give its id and only the fields that change (at least one of content,
+    category, subject, importance). The change log keeps the old version. Answers {memory}."""
+    return await _run(ctx, tools.memory_update, memory_id=memory_id, content=content, category=category,
+                      subject=subject, importance=importance, reason=reason)
+
+
+@mcp_server.tool()
+async def memory_delete(memory_id: MemoryId, ctx: Context, reason: Reason = None) -> dict[str, Any]:
+    """Delete a memory that is wrong or no longer true. It is marked deleted (never served again) and
+    stays readable with its history; deleting it again changes nothing. Answers {memory}."""
+    return await _run(ctx, tools.memory_delete, memory_id=memory_id, reason=reason)
+
+
+@mcp_server.tool()
+async def history_search(
+    query: Query,
+    ctx: Context,
+    session_id: Annotated[int | None, Field(ge=1, description="Search this session's messages.")] = None,
+    kin_id: Annotated[int | None, Field(ge=1, description="Search the messages of all this kin's sessions.")] = None,
+    limit: Limit = None,
+) -> dict[str, Any]:
+    """Full-text search of chat messages, including those compacted out of the prompt: give exactly one
+    of session_id or kin_id. Answers {results: [{id, session, external_id, sender, role, platform,
+    created_at, content, score}]}, best first."""
+    return await _run(ctx, tools.history_search, query=query, session_id=session_id, kin_id=kin_id, limit=limit)
+
+
+@mcp_server.tool()
+async def fact_log(
+    kin_id: KinId,
+    statement: Annotated[str, Field(min_length=1, max_length=STATEMENT_MAX_CHARS,
+                                    description="One learning, e.g. 'The staging database is read-only on "
+                                                "Fridays.'")],
+    ctx: Context,
+    category: Annotated[FactCategory | None, Field(description="Default: fact.")] = None,
+) -> dict[str, Any]:
+    """Log a learning in a kin's fact ledger. It stays pending until the next consolidation folds it
+    into the kin's experience document. Answers {fact}."""
+    return await _run(ctx, tools.fact_log, kin_id=kin_id, statement=statement, category=category)
+
+
+@mcp_server.tool()
+async def experience_read(
+    kin_id: KinId,
+    ctx: Context,
+    version: Annotated[int | None, Field(ge=1, description="A version number; default: the current one.")] = None,
+    section: Annotated[str | None, Field(min_length=1, max_length=200,
+                                         description="A section number ('2') or heading text ('Defensive "
+                                                     "Safeguards'); default: the whole document.")] = None,
+) -> dict[str, Any]:
+    """Read a kin's experience document (markdown): the whole document, a past version, or one section.
+    Answers {version, markdown, word_count, run, created_at} (and {section} when one was asked for)."""
+    return await _run(ctx, tools.experience_read, kin_id=kin_id, version=version, section=section)
+
+
+@mcp_server.tool()
+async def prompt_preview(
+    session_id: SessionId,
+    ctx: Context,
+    message: Annotated[str | None, Field(max_length=settings.MESSAGE_MAX_CHARS,
+                                         description="The message to preview the prompt for.")] = None,
+    sender: Sender = None,
+    platform: Annotated[Platform | None, Field(description="Default: api.")] = None,
+) -> dict[str, Any]:
+    """Exactly what the kin's model would be sent if `message` were posted to the session now: the
+    system prompt's sections with token counts, the selected history, the tools and the totals.
+    Changes nothing."""
+    return await _run(ctx, tools.prompt_preview, session_id=session_id, message=message, sender=sender,
+                      platform=platform)
+
+
+@mcp_server.tool()
+async def lineage_read(
+    workflow_id: WorkflowId,
+    node_id: Annotated[str, Field(min_length=1, max_length=200, description="The node's id within the workflow.")],
+    ctx: Context,
+    max_chars: Annotated[int | None, Field(ge=100, le=LINEAGE_MAX_CHARS_LIMIT,
+                                           description="Length budget of the narrative (default 2000).")] = None,
+) -> dict[str, Any]:
+    """How a workflow node's records were produced, as a narrative: its upstream steps in order, with
+    record counts, branches at joins, and a warning when upstream settings changed since. Answers
+    {workflow_id, node_id, stale, narrative}."""
+    return await _run(ctx, tools.lineage_read, workflow_id=workflow_id, node_id=node_id, max_chars=max_chars)
+
+
+@mcp_server.tool()
+async def message_post(
+    session_id: SessionId,
+    content: Annotated[str, Field(min_length=1, max_length=settings.MESSAGE_MAX_CHARS,
+                                  description="The message (or a command: /checkpoint, /new).")],
+    ctx: Context,
+    sender: Sender = None,
+    platform: Annotated[Platform | None, Field(description="Default: api.")] = None,
+) -> dict[str, Any]:
+    """Post a chat message to a session and wait for the kin's reply (one chat turn, rate-limited like
+    the API's). Answers {message, reply, turn} (after /new also new_session_id and new_session); the
+    reply's text is reply.content."""
+    return await _run(ctx, tools.message_post, session_id=session_id, content=content, sender=sender,
+                      platform=platform)
+
+
+# --- resources -----------------------------------------------------------------------------------
+# The same reads as the tools, addressed by URI, for clients that attach context rather than
+# call tools. Templates (resources/templates/list): the client fills in the kin's id.
+
+
+@mcp_server.resource(
+    "kinsite://kins/{kin_id}/experience", name="experience", title="Experience document", mime_type="text/markdown",
+    description="A kin's current experience document (markdown), consolidated from its fact ledger.",
+)
+async def experience_resource(kin_id: int, ctx: Context) -> str:
+    body = await _run(ctx, tools.experience_read, error=ResourceError, kin_id=kin_id)
+    return body["markdown"]
+
+
+@mcp_server.resource(
+    "kinsite://kins/{kin_id}/memories", name="memories", title="Memories", mime_type="application/json",
+    description=f"A kin's active memories, its own and its team's shared ones, newest first (at most "
+                f"{tools.RESOURCE_MEMORIES_MAX}; `truncated` says when there are more: use memory_search).",
+)
+async def memories_resource(kin_id: int, ctx: Context) -> str:
+    return json.dumps(await _run(ctx, tools.memories_read, error=ResourceError, kin_id=kin_id))
