@@ -1,0 +1,86 @@
+"""API: a kin's export as one kin document, and the import of such a document as a new kin
+of the token's team (SPEC §11; the format is transfer.format's)."""
+from django.utils.text import slugify
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from kinsite.api.auth import request_team
+from kinsite.api.parsers import JSONParser
+from kinsite.selectors import kin_get
+from sessions_app.api.serializers import KinSerializer
+from transfer import format as kin_format
+from transfer.selectors import kin_export_document
+from transfer.services import kin_import
+
+KIN_DOCUMENT = inline_serializer(
+    "KinDocument",
+    {
+        "format": serializers.CharField(help_text=f'Always "{kin_format.FORMAT}".'),
+        "version": serializers.IntegerField(help_text=f"The format version: {kin_format.VERSION}."),
+        "exported_at": serializers.DateTimeField(),
+        "includes_sessions": serializers.BooleanField(),
+        "kin": serializers.DictField(help_text="The kin's identity and settings."),
+        **{
+            section.key: serializers.ListField(child=serializers.DictField(), help_text=f"Rows of {section.key}.")
+            for section in kin_format.SECTIONS
+        },
+    },
+)
+
+
+def document_filename(kin) -> str:
+    return f"kin-{kin.pk}-{slugify(kin.name) or 'kin'}.kin.json"
+
+
+class ExportQuerySerializer(serializers.Serializer):
+    sessions = serializers.BooleanField(required=False, default=False)
+
+
+class KinDocumentParser(JSONParser):
+    """The API's JSON parser with the kin document's own size cap: a kin with its sessions
+    is far larger than any other request body."""
+
+    limit_setting = "TRANSFER_MAX_DOCUMENT_BYTES"
+
+
+class KinExportView(APIView):
+    @extend_schema(
+        summary="Export a kin as one kin document",
+        description=kin_format.__doc__,
+        parameters=[OpenApiParameter("sessions", bool, required=False,
+                                     description="1: include the sessions, their events, turns and summaries.")],
+        responses={200: KIN_DOCUMENT},
+    )
+    def get(self, request, kin_id):
+        kin = kin_get(team=request_team(request), kin_id=kin_id)
+        params = ExportQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        document = kin_export_document(kin=kin, include_sessions=params.validated_data["sessions"])
+        response = Response(document)
+        response["Content-Disposition"] = f'attachment; filename="{document_filename(kin)}"'
+        return response
+
+
+class KinImportView(APIView):
+    parser_classes = [KinDocumentParser]
+
+    @extend_schema(
+        summary="Import a kin document as a new kin of the team",
+        description=(
+            "Creates a new kin (every row with a new id) from a document made by the export, in one "
+            "transaction: a bad or truncated document answers 400 naming each problem by its JSON path "
+            "(details.errors) and creates nothing; over TRANSFER_MAX_DOCUMENT_BYTES answers 413. "
+            "Importing the same document again answers 200 with the kin made the first time."
+        ),
+        request=KIN_DOCUMENT,
+        responses={
+            201: OpenApiResponse(KinSerializer, description="The new kin."),
+            200: OpenApiResponse(KinSerializer, description="This document was imported before: that kin."),
+        },
+    )
+    def post(self, request):
+        result = kin_import(team=request_team(request), document=request.data)
+        return Response(KinSerializer(result.kin).data,
+                        status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
