@@ -7,10 +7,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kinsite.api.auth import request_team
-from kinsite.api.parsers import JSONParser
 from kinsite.selectors import kin_get
 from sessions_app.api.serializers import KinSerializer
 from transfer import format as kin_format
+from transfer.parsing import KinDocumentParser
 from transfer.selectors import kin_export_document
 from transfer.services import kin_import
 
@@ -36,13 +36,6 @@ def document_filename(kin) -> str:
 
 class ExportQuerySerializer(serializers.Serializer):
     sessions = serializers.BooleanField(required=False, default=False)
-
-
-class KinDocumentParser(JSONParser):
-    """The API's JSON parser with the kin document's own size cap: a kin with its sessions
-    is far larger than any other request body."""
-
-    limit_setting = "TRANSFER_MAX_DOCUMENT_BYTES"
 
 
 class KinExportView(APIView):
