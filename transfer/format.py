@@ -272,7 +272,8 @@ def document_errors(document) -> list[dict]:
         return errors
     for section in SECTIONS:
         _reference_errors(errors, section, ids)
-    _consistency_errors(errors, ids)
+    if not errors:  # the cross-row checks follow references, so only once they all resolve
+        _consistency_errors(errors, ids)
     return errors
 
 
