@@ -35,7 +35,8 @@ def post_document(api_client, body, **extra):
 def test_export_answers_the_kin_document_as_a_download(api_client, full_kin):
     response = api_client.get(f"/api/v1/kins/{full_kin.pk}/export/")
     assert response.status_code == 200
-    assert response["Content-Disposition"] == f'attachment; filename="kin-{full_kin.pk}-{slugify(full_kin.name)}.kin.json"'
+    filename = f"kin-{full_kin.pk}-{slugify(full_kin.name)}.kin.json"
+    assert response["Content-Disposition"] == f'attachment; filename="{filename}"'
     document = response.json()
     assert (document["format"], document["version"], document["kin"]["name"]) == ("kinsite.kin", 1, full_kin.name)
     assert document["includes_sessions"] is False and document["events"] == []
