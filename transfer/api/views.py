@@ -14,21 +14,38 @@ from transfer.parsing import KinDocumentParser
 from transfer.selectors import kin_export_document
 from transfer.services import kin_import
 
+# The document as OpenAPI sees it: the header and the kin are described field by field (with
+# the models' limits); each list's rows are objects whose keys transfer.format defines.
+KIN_DOCUMENT_KIN = inline_serializer(
+    "KinDocumentKin",
+    {
+        "id": serializers.IntegerField(min_value=1, help_text="The kin's id where it was exported."),
+        "name": serializers.CharField(max_length=100),
+        "role": serializers.CharField(max_length=200, allow_blank=True),
+        "character": serializers.CharField(max_length=10_000, allow_blank=True),
+        "expertise": serializers.CharField(max_length=10_000, allow_blank=True),
+        "model": serializers.CharField(max_length=200, allow_blank=True),
+        "history_token_budget": serializers.IntegerField(min_value=1_000, max_value=2_000_000, allow_null=True),
+        "spawn_reason": serializers.CharField(max_length=10_000, allow_blank=True),
+        "overrides": serializers.DictField(),
+        "created_at": serializers.DateTimeField(),
+        "updated_at": serializers.DateTimeField(),
+    },
+)
 KIN_DOCUMENT = inline_serializer(
     "KinDocument",
     {
-        "format": serializers.CharField(help_text=f'Always "{kin_format.FORMAT}".'),
-        "version": serializers.IntegerField(help_text=f"The format version: {kin_format.VERSION}."),
+        "format": serializers.ChoiceField(choices=[kin_format.FORMAT]),
+        "version": serializers.ChoiceField(choices=[kin_format.VERSION], help_text="The format version."),
         "exported_at": serializers.DateTimeField(),
         "includes_sessions": serializers.BooleanField(),
-        "kin": serializers.DictField(help_text="The kin's identity and settings."),
+        "kin": KIN_DOCUMENT_KIN,
         **{
             section.key: serializers.ListField(child=serializers.DictField(), help_text=f"Rows of {section.key}.")
             for section in kin_format.SECTIONS
         },
     },
 )
-
 
 def document_filename(kin) -> str:
     return f"kin-{kin.pk}-{slugify(kin.name) or 'kin'}.kin.json"
