@@ -42,6 +42,9 @@ Left out, because they belong to the installation rather than to the kin:
   "introspection_run_id") are exported as null. Texts that name a writer ("source_ref",
   "actor", "event:345") are kept verbatim: they name rows of the source installation.
 
+A turn still pending or running in the document is imported as failed (its error says
+why), so the importing installation never runs it again.
+
 Validation (document_errors) reads the whole document before anything is written, and
 names each problem by its JSON path ("memories[3].importance").
 """

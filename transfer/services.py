@@ -11,7 +11,7 @@ from django.db import IntegrityError, models, transaction
 from kinsite.errors import InvalidInput
 from kinsite.models import Kin, Team
 from sessions_app.api.serializers import KinSerializer
-from sessions_app.models import Event
+from sessions_app.models import Event, Turn
 from transfer.format import (
     EVENT_DATA_REFS,
     SECTIONS,
@@ -27,6 +27,8 @@ from transfer.models import KinImport
 logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
+IN_FLIGHT_TURN = (Turn.Status.PENDING, Turn.Status.RUNNING)
+IN_FLIGHT_ERROR = "The turn was still in progress when its kin was exported; it is not run again after the import."
 
 
 class DocumentInvalid(InvalidInput):
@@ -146,6 +148,11 @@ def _new_row(section: Section, row: dict, *, kin: Kin, new_ids: dict[str, dict[i
         values[f"{name}_id"] = new_ids[target][old] if old is not None and target in new_ids else None
     for name, target in section.id_lists.items():
         values[name] = [new_ids[target][old] for old in row[name]]
+    if section.key == "turns" and values["status"] in IN_FLIGHT_TURN:
+        # A turn in flight at export time must not become work here: the sweeps would run a
+        # pending turn again (a model call) in the importing installation.
+        values.update(status=Turn.Status.FAILED, error=IN_FLIGHT_ERROR,
+                      finished_at=values["finished_at"] or values["started_at"] or values["created_at"])
     return model(**values)
 
 

@@ -186,3 +186,13 @@ def test_imported_memories_get_vectors_when_an_embedding_model_is_configured(
     active = Memory.objects.get(kin=kin, status="active")
     assert MemoryVector.objects.filter(memory=active).exists()
     assert active.embedding_model != ""
+
+
+def test_a_turn_in_flight_at_export_is_imported_as_failed_not_run_again(full_kin, other_team):
+    Turn.objects.filter(session__kin=full_kin).update(status=Turn.Status.PENDING, finished_at=None)
+    document = as_json(kin_export_document(kin=full_kin, include_sessions=True))
+    assert document["turns"][0]["status"] == "pending"
+    kin = kin_import(team=other_team, document=document).kin
+    turn = Turn.objects.get(session__kin=kin)
+    assert turn.status == Turn.Status.FAILED and "still in progress" in turn.error
+    assert turn.finished_at is not None
