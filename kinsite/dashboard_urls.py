@@ -7,15 +7,18 @@ from consolidation import views as consolidation_views
 from kinsite import views
 from memories import views as memory_views
 from sessions_app import views as session_views
+from transfer import views as transfer_views
 from workflows import views as workflow_views
 
 pages = [
     path("", views.home, name="home"),
     path("kins/", views.kin_list, name="kins"),
     path("kins/new/", views.kin_create, name="kin_create"),
+    path("kins/import/", transfer_views.kin_import_form, name="kin_import"),
     path("kins/<int:kin_id>/", views.kin_detail, name="kin_detail"),
     path("kins/<int:kin_id>/activity/", session_views.kin_activity, name="kin_activity"),
     path("kins/<int:kin_id>/edit/", views.kin_edit, name="kin_edit"),
+    path("kins/<int:kin_id>/export/", transfer_views.kin_export_download, name="kin_export"),
     path("kins/<int:kin_id>/sessions/new/", session_views.session_create, name="session_create"),
     path("kins/<int:kin_id>/memories/", memory_views.memory_list, name="memory_list"),
     path("kins/<int:kin_id>/memories/add/", memory_views.memory_add, name="memory_add"),

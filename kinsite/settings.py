@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "consolidation",
     "workflows",
     "agent_mcp",
+    "transfer",
 ]
 
 MIDDLEWARE = [
@@ -298,6 +299,9 @@ CONSOLIDATION_MAX_PENDING_FACTS = env_int("CONSOLIDATION_MAX_PENDING_FACTS", 500
 CONSOLIDATION_MAX_ACTIVE_FACTS = env_int("CONSOLIDATION_MAX_ACTIVE_FACTS", 300)
 CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS = env_int("CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS", 300)
 IMPORT_MAX_MESSAGES = env_int("IMPORT_MAX_MESSAGES", 1_000)
+# The largest kin document (transfer: POST /api/v1/kins/import/, the dashboard's import form
+# and `manage.py import_kin`) in bytes; larger ones answer 413 (the form: an error message).
+TRANSFER_MAX_DOCUMENT_BYTES = env_int("TRANSFER_MAX_DOCUMENT_BYTES", 50 * 1024 * 1024)
 SEARCH_MAX_QUERY_CHARS = env_int("SEARCH_MAX_QUERY_CHARS", 5_000)
 SEARCH_DEFAULT_LIMIT = env_int("SEARCH_DEFAULT_LIMIT", 10)
 SEARCH_MAX_LIMIT = env_int("SEARCH_MAX_LIMIT", 100)

@@ -14,6 +14,8 @@ urlpatterns = [
         SpectacularRedocView.as_view(url_name="schema", authentication_classes=[], permission_classes=[]),
         name="schema-redoc",
     ),
+    # First: its kins/import/ must win over the kins router's kins/{pk}/.
+    path("", include("transfer.api.urls")),
     path("", include("sessions_app.api.urls")),
     path("", include("memories.api.urls")),
     path("", include("consolidation.api.urls")),

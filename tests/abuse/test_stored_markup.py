@@ -72,7 +72,7 @@ SHOWN_ON = {
     ("kinsite.LLMCall", "model"): "dashboard:activity",
 }
 # Downloads, not pages: JSON with Content-Disposition: attachment (never rendered as HTML).
-DOWNLOADS = {"dashboard:workflow_node_export"}
+DOWNLOADS = {"dashboard:workflow_node_export", "dashboard:kin_export"}
 
 
 @pytest.fixture(params=[HTML_PAYLOAD, TEMPLATE_PAYLOAD], ids=["html", "template"])

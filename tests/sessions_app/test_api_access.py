@@ -80,6 +80,8 @@ ENDPOINTS = [
     Endpoint("DELETE", "kins/{id}/", "kin"),
     Endpoint("POST", "kins/{id}/sessions/", "kin", body={"title": "New session"}),
     Endpoint("GET", "kins/{id}/history/search/", "kin", query=f"q={SECRET}"),
+    Endpoint("GET", "kins/{id}/export/", "kin", query="sessions=1"),
+    Endpoint("POST", "kins/import/", body={"format": "kinsite.kin", "version": 1}),
     Endpoint("GET", "sessions/{id}/", "session"),
     Endpoint("GET", "sessions/{id}/messages/", "session"),
     Endpoint(
