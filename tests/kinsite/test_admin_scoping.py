@@ -27,6 +27,7 @@ from tests.factories import (
     SummaryFactory,
     UserFactory,
 )
+from transfer.models import KinImport
 
 pytestmark = pytest.mark.django_db
 
@@ -54,6 +55,7 @@ def seed_everything(team, *, secret, user):
     NodeResultFactory(node=seeded.node, version=1, records=[], config_fingerprint=secret)
     NodeRunFactory(run__workflow=seeded.workflow, node=seeded.node)
     MemoryVector.objects.create(memory=seeded.memory, vector=b"\x00\x00\x80\x3f" * 4)
+    KinImport.objects.create(team=team, kin=seeded.kin, digest=secret.ljust(64, "0"), format_version=1)
     return seeded
 
 

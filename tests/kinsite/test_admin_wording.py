@@ -14,7 +14,7 @@ from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
-OUR_APPS = {"kinsite", "sessions_app", "memories", "consolidation", "workflows"}
+OUR_APPS = {"kinsite", "sessions_app", "memories", "consolidation", "workflows", "transfer"}
 # What admin and the apps generate around the data: titles, headings, column and filter
 # titles, field labels, choices, buttons and links. (Stored text, e.g. "customer id" in a
 # demo message, may say what it likes; it shows in cells and read-only values, not here.)
