@@ -192,17 +192,25 @@ def _search_postgresql(terms, scope, scope_param, pool):
                 ORDER BY p.impact DESC LIMIT %(term_candidates)s
             ) b
         ),
+        term_postings AS MATERIALIZED (
+            SELECT lexeme, count(*)::float8 AS postings FROM best_postings GROUP BY lexeme
+        ),
+        -- A term whose postings were not all read: how many of the sample's messages hold
+        -- it (one pass over the sample per such term).
+        sampled_df AS MATERIALIZED (
+            SELECT t.lexeme, n.n / z.size * (
+                SELECT count(*) FROM sample s WHERE s.search_tsv @@ quote_literal(t.lexeme)::tsquery
+            ) AS df
+            FROM term_postings t CROSS JOIN scope_size n CROSS JOIN scope_sample z
+            WHERE t.postings >= %(term_candidates)s
+        ),
         term_weights AS MATERIALIZED (
-            SELECT t.lexeme, ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf
-            FROM (SELECT lexeme, count(*) AS postings FROM best_postings GROUP BY lexeme) t
-            CROSS JOIN scope_size n
-            CROSS JOIN scope_sample z
-            CROSS JOIN LATERAL (
-                SELECT CASE WHEN t.postings < %(term_candidates)s THEN t.postings::float8
-                       ELSE greatest(t.postings::float8, n.n / z.size * (
-                           SELECT count(*) FROM sample s WHERE s.search_tsv @@ quote_literal(t.lexeme)::tsquery
-                       )) END AS df
+            SELECT d.lexeme, ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf
+            FROM (
+                SELECT t.lexeme, greatest(t.postings, coalesce(s.df, 0)) AS df
+                FROM term_postings t LEFT JOIN sampled_df s ON s.lexeme = t.lexeme
             ) d
+            CROSS JOIN scope_size n
         ),
         rescore_pool AS MATERIALIZED (
             SELECT b.event_id FROM best_postings b JOIN term_weights w ON w.lexeme = b.lexeme
