@@ -120,27 +120,31 @@ SCOPE_SAMPLE = 1000
 # term at most: the term's best, highest BM25 impact first (tf and length at a fixed
 # typical length). This bounds a search's reads whatever the history length: a term on
 # 50,000 messages (a speaker's name, an everyday word) costs what a term on 1,000 does.
-# Below it, a term's document frequency is exact (all its postings were read); at it, the
-# frequency is the sample's share times the scope's size, and at least TERM_CANDIDATES.
+# Below it, a term's document frequency is exact (all its postings were read); at it
+# (the term is "capped"), the frequency is the sample's share times the scope's size,
+# and at least TERM_CANDIDATES.
 TERM_CANDIDATES = 1000
-# The best messages by the candidates' summed idf x impact that are then scored exactly
-# (every query term, the scope's average length). Twice NEIGHBOUR_POOL, so that exact
-# scoring can reorder the pool's edge before the neighbour step takes its seeds.
+# When a query term is capped, the candidates' scores from the postings read miss that
+# term wherever its posting was not among the best read, so this many of the best
+# candidates are scored again from all their postings of the query's terms (two index
+# probes each). Twice NEIGHBOUR_POOL, so that this can reorder the pool's edge before
+# the neighbour step takes its seeds.
 RESCORE_POOL = 200
 
-# BM25 of the messages whose ids `{ids}` yields (a subquery), from their postings of the
-# query's terms: (event_id, score). `term_weights` (lexeme, idf) and `scope_sample`
-# (avg_length) are CTEs of the search. Served by the postings' primary key
-# (event_id, lexeme) INCLUDE (tf, doc_length), a few probes per message.
-_EXACT_SCORES = """
-    SELECT p.event_id, sum(
-               w.idf * p.tf * (%(k1)s::float8 + 1)
-               / (p.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * p.doc_length / z.avg_length))
-           ) AS score
+# BM25 term score of a posting `p` (tf, doc_length) with the scope's sampled average
+# length `z.avg_length`, times the term's idf `w.idf`.
+_BM25 = """w.idf * p.tf * (%(k1)s::float8 + 1)
+    / (p.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * p.doc_length / z.avg_length))"""
+# BM25 of the messages whose ids `{ids}` yields (a subquery), from all their postings of
+# the query's terms: (event_id, score), computed only when a term is capped (a one-time
+# filter: otherwise the postings read already hold every term of every candidate).
+# Served by the postings' primary key (event_id, lexeme) INCLUDE (tf, doc_length).
+_RESCORED = f"""
+    SELECT p.event_id, sum({_BM25}) AS score
     FROM term_weights w
     JOIN sessions_app_searchposting p ON p.lexeme = w.lexeme
     CROSS JOIN scope_sample z
-    WHERE p.event_id IN ({ids})
+    WHERE EXISTS (SELECT 1 FROM capped) AND p.event_id IN ({{ids}})
     GROUP BY p.event_id
 """
 
@@ -151,12 +155,15 @@ def _search_postgresql(terms, scope, scope_param, pool):
     the message's length in lexemes and a BM25 impact at a fixed typical length), in one
     query whose reads are bounded whatever the history length:
     1. per query lexeme, its TERM_CANDIDATES best postings in the scope, from the btree
-       index (scope, lexeme, impact DESC), which also give its document frequency (see
-       TERM_CANDIDATES), hence its idf over the scope's size (MessageCount);
-    2. the RESCORE_POOL messages with the highest summed idf x impact are scored exactly
-       (every query term, tf and length normalised by the scope's sampled average length);
-    3. the best `pool` of them are the seeds of the neighbour step, whose neighbours are
-       scored exactly the same way (0 when they match no query term).
+       index (scope, lexeme, impact DESC) that also holds their tf and length; their
+       number gives the term's document frequency (see TERM_CANDIDATES), hence its idf
+       over the scope's size (MessageCount);
+    2. every message of those postings is a candidate, scored from them (tf, length
+       normalised by the scope's sampled average length): exact when no term is capped;
+       otherwise the best RESCORE_POOL are scored again from all their postings;
+    3. the best `pool` are the seeds of the neighbour step. A neighbour's score is its
+       candidate score, or when a term is capped its score from all its postings (0 when
+       it matches no query term).
     Arithmetic is float8: numeric ln() and division cost more than the rest of the query.
     Lexemes come from to_tsvector over query_terms (word characters only)."""
     if scope == "session":
@@ -184,10 +191,10 @@ def _search_postgresql(terms, scope, scope_param, pool):
             FROM sample
         ),
         best_postings AS MATERIALIZED (
-            SELECT q.lexeme, b.event_id, b.impact
+            SELECT q.lexeme, b.event_id, b.tf, b.doc_length
             FROM query_lexemes q
             CROSS JOIN LATERAL (
-                SELECT p.event_id, p.impact FROM sessions_app_searchposting p
+                SELECT p.event_id, p.tf, p.doc_length FROM sessions_app_searchposting p
                 WHERE {posting_scope} AND p.lexeme = q.lexeme
                 ORDER BY p.impact DESC LIMIT %(term_candidates)s
             ) b
@@ -195,38 +202,49 @@ def _search_postgresql(terms, scope, scope_param, pool):
         term_postings AS MATERIALIZED (
             SELECT lexeme, count(*)::float8 AS postings FROM best_postings GROUP BY lexeme
         ),
-        -- A term whose postings were not all read: how many of the sample's messages hold
-        -- it (one pass over the sample per such term).
-        sampled_df AS MATERIALIZED (
+        -- A capped term (not all its postings read): how many of the sample's messages
+        -- hold it (one pass over the sample per such term).
+        capped AS MATERIALIZED (
             SELECT t.lexeme, n.n / z.size * (
                 SELECT count(*) FROM sample s WHERE s.search_tsv @@ quote_literal(t.lexeme)::tsquery
-            ) AS df
+            ) AS sampled_df
             FROM term_postings t CROSS JOIN scope_size n CROSS JOIN scope_sample z
             WHERE t.postings >= %(term_candidates)s
         ),
         term_weights AS MATERIALIZED (
             SELECT d.lexeme, ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf
             FROM (
-                SELECT t.lexeme, greatest(t.postings, coalesce(s.df, 0)) AS df
-                FROM term_postings t LEFT JOIN sampled_df s ON s.lexeme = t.lexeme
+                SELECT t.lexeme, greatest(t.postings, coalesce(c.sampled_df, 0)) AS df
+                FROM term_postings t LEFT JOIN capped c ON c.lexeme = t.lexeme
             ) d
             CROSS JOIN scope_size n
         ),
-        rescore_pool AS MATERIALIZED (
-            SELECT b.event_id FROM best_postings b JOIN term_weights w ON w.lexeme = b.lexeme
-            GROUP BY b.event_id ORDER BY sum(w.idf * b.impact) DESC, b.event_id LIMIT %(rescore_pool)s
+        candidates AS MATERIALIZED (
+            SELECT p.event_id, sum({_BM25}) AS score
+            FROM best_postings p JOIN term_weights w ON w.lexeme = p.lexeme CROSS JOIN scope_sample z
+            GROUP BY p.event_id
         ),
-        pool_scores AS MATERIALIZED ({_EXACT_SCORES.format(ids="SELECT event_id FROM rescore_pool")}),
+        rescore_pool AS MATERIALIZED (
+            SELECT event_id, score FROM candidates ORDER BY score DESC, event_id LIMIT %(rescore_pool)s
+        ),
+        rescored AS MATERIALIZED ({_RESCORED.format(ids="SELECT event_id FROM rescore_pool")}),
         seeds AS MATERIALIZED (
-            SELECT e.id, e.session_id, e.created_at, x.score
-            FROM pool_scores x JOIN sessions_app_event e ON e.id = x.event_id
-            ORDER BY x.score DESC, e.id LIMIT %(pool)s
+            SELECT e.id, e.session_id, e.created_at, coalesce(r.score, c.score) AS score
+            FROM rescore_pool c
+            LEFT JOIN rescored r ON r.event_id = c.event_id
+            JOIN sessions_app_event e ON e.id = c.event_id
+            ORDER BY score DESC, e.id LIMIT %(pool)s
         ),
         windows AS MATERIALIZED (
             SELECT s.id, s.score, {_PREVIOUS_MESSAGE} AS previous_id, {_NEXT_MESSAGE} AS next_id FROM seeds s
         ),
-        neighbour_scores AS MATERIALIZED ({_EXACT_SCORES.format(
-            ids="SELECT previous_id FROM windows UNION SELECT next_id FROM windows")})
+        neighbours_rescored AS MATERIALIZED ({_RESCORED.format(
+            ids="SELECT previous_id FROM windows UNION SELECT next_id FROM windows")}),
+        neighbour_scores AS (
+            SELECT event_id, score FROM candidates WHERE NOT EXISTS (SELECT 1 FROM capped)
+            UNION ALL
+            SELECT event_id, score FROM neighbours_rescored
+        )
         SELECT w.id, w.score, previous.score, following.score
         FROM windows w
         LEFT JOIN neighbour_scores previous ON previous.event_id = w.previous_id

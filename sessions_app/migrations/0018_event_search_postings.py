@@ -129,14 +129,14 @@ FORWARD = [
     # writes until this migration commits, so no message is missed or indexed twice.
     INSERT_POSTINGS.format(source="sessions_app_event"),
     # A search reads the best postings of a lexeme in its scope (a session, or all a kin's
-    # sessions), highest impact first, and needs only the event id from each.
+    # sessions), highest impact first, and scores them: index only.
     """
     CREATE INDEX searchposting_session_best ON sessions_app_searchposting (session_id, lexeme, impact DESC)
-    INCLUDE (event_id)
+    INCLUDE (event_id, tf, doc_length)
     """,
     """
     CREATE INDEX searchposting_kin_best ON sessions_app_searchposting (kin_id, lexeme, impact DESC)
-    INCLUDE (event_id)
+    INCLUDE (event_id, tf, doc_length)
     """,
     "ANALYZE sessions_app_searchposting",
 ]
