@@ -7,7 +7,6 @@ from django.shortcuts import get_object_or_404
 
 from kinsite.models import Kin, Team
 from kinsite.selectors import kin_list
-from kinsite.softcache import soft_cache_get, soft_cache_set
 from kinsite.textsearch import fts5_match_expression, query_terms
 from sessions_app.models import Event, IntrospectionRun, Session
 
@@ -37,14 +36,13 @@ def history_search(*, query: str, limit: int, session: Session | None = None, ki
     if not terms:
         return []
     if session is not None:
-        scope_sql, scope_param, scope_key = "e.session_id = %(scope)s", session.pk, f"session:{session.pk}"
+        scope, scope_param, scope_sql = "session", session.pk, "e.session_id = %(scope)s"
     else:
+        scope, scope_param = "kin", kin.pk
         scope_sql = "e.session_id IN (SELECT id FROM sessions_app_session WHERE kin_id = %(scope)s)"
-        scope_param, scope_key = kin.pk, f"kin:{kin.pk}"
     pool = max(limit, NEIGHBOUR_POOL)
     if connection.vendor == "postgresql":
-        common = _common_lexemes_postgresql(scope_sql, scope_param, scope_key)
-        windows = _search_postgresql(terms, scope_sql, scope_param, pool, common)
+        windows = _search_postgresql(terms, scope, scope_param, pool)
     else:
         windows = _search_sqlite(terms, scope_sql, scope_param, pool)
     ranked = rank_with_neighbours(windows)[:limit]
@@ -99,9 +97,9 @@ _NEXT_MESSAGE = """(
     WHERE m.session_id = s.session_id AND m.kind = 'message' AND (m.created_at, m.id) > (s.created_at, s.id)
     ORDER BY m.created_at, m.id LIMIT 1
 )"""
-# From `scored` (id, session_id, created_at, score: every matching message of the
-# scope), the best `pool` seeds with the ids of their neighbours. Each backend
-# then looks up the neighbours' scores in `scored` the way its planner does best.
+# SQLite: from `scored` (id, session_id, created_at, score: every matching message of
+# the scope), the best `pool` seeds with the ids of their neighbours, whose scores are
+# then looked up in `scored`. (PostgreSQL scores a bounded pool, see _search_postgresql.)
 _SEEDS_WITH_NEIGHBOURS = f"""
     seeds AS (
         SELECT id, session_id, created_at, score FROM scored ORDER BY score DESC, id LIMIT %(pool)s
@@ -110,142 +108,156 @@ _SEEDS_WITH_NEIGHBOURS = f"""
         SELECT s.id, s.score, {_PREVIOUS_MESSAGE} AS previous_id, {_NEXT_MESSAGE} AS next_id FROM seeds s
     )
 """
-# Scope statistics for BM25 on PostgreSQL: the average message length is taken
-# over at most this many of the scope's messages (whichever the index yields
-# first, not a random sample) rather than all of them, so reading it does not
-# grow with the history; BM25 only uses it to normalise lengths, and message
-# lengths do not drift much over a conversation, so an estimate is enough.
-LENGTH_SAMPLE = 1000
-# Common terms (PostgreSQL). A lexeme in at least this share of the scope's messages,
-# and in at least COMMON_TERM_MIN_DOCS of them, is common: it still scores, but it does
-# not pull messages in as candidates (memories.search.postgres does the same, after Lucene's
-# CommonTermsQuery). In a conversation the common lexemes are the speakers' names (the
-# sender is indexed) and the conversation's everyday words; a question naming a speaker
-# used to score every message that speaker sent, which was most of a search's time at
-# 10,000 messages. A query made only of common terms (or whose other terms match
-# nothing) takes its candidates from its rarest common term.
-COMMON_TERM_SHARE = 0.05
-COMMON_TERM_MIN_DOCS = 1000
-# Which lexemes are common is read with ts_stat() over every message of the scope, tens
-# of milliseconds at 10,000 messages, so it is cached per scope for this long; a minute
-# old list barely changes which messages are candidates.
-COMMON_TERMS_SECONDS = 60
+# Scope statistics for BM25 on PostgreSQL are read at query time, each at a cost that
+# does not grow with the history (issue 19): the number of messages from MessageCount
+# (a few rows per session, kept by triggers), and the average message length from at
+# most this many of the scope's messages (whichever the index yields first, not a random
+# sample); message lengths do not drift much over a conversation, so an estimate is
+# enough. The same sample estimates the document frequency of a term too common to be
+# counted (see TERM_CANDIDATES).
+SCOPE_SAMPLE = 1000
+# How many postings (sessions_app_searchposting, migration 0018) a search reads per query
+# term at most: the term's best, highest BM25 impact first (tf and length at a fixed
+# typical length). This bounds a search's reads whatever the history length: a term on
+# 50,000 messages (a speaker's name, an everyday word) costs what a term on 1,000 does.
+# Below it, a term's document frequency is exact (all its postings were read); at it
+# (the term is "capped"), the frequency is the sample's share times the scope's size,
+# and at least TERM_CANDIDATES.
+TERM_CANDIDATES = 1000
+# When a query term is capped, the candidates' scores from the postings read miss that
+# term wherever its posting was not among the best read, so this many of the best
+# candidates are scored again from all their postings of the query's terms (two index
+# probes each). Twice NEIGHBOUR_POOL, so that this can reorder the pool's edge before
+# the neighbour step takes its seeds.
+RESCORE_POOL = 200
+
+# BM25 term score of a posting `p` (tf, doc_length) with the scope's sampled average
+# length `z.avg_length`, times the term's idf `w.idf`.
+_BM25 = """w.idf * p.tf * (%(k1)s::float8 + 1)
+    / (p.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * p.doc_length / z.avg_length))"""
+# BM25 of the messages whose ids `{ids}` yields (a subquery), from all their postings of
+# the query's terms: (event_id, score), computed only when a term is capped (a one-time
+# filter: otherwise the postings read already hold every term of every candidate).
+# Served by the postings' primary key (event_id, lexeme) INCLUDE (tf, doc_length).
+_RESCORED = f"""
+    SELECT p.event_id, sum({_BM25}) AS score
+    FROM term_weights w
+    JOIN sessions_app_searchposting p ON p.lexeme = w.lexeme
+    CROSS JOIN scope_sample z
+    WHERE EXISTS (SELECT 1 FROM capped) AND p.event_id IN ({{ids}})
+    GROUP BY p.event_id
+"""
 
 
-def _common_lexemes_postgresql(scope_sql, scope_param, scope_key) -> dict[str, int]:
-    """The scope's common lexemes (see COMMON_TERM_SHARE) with their document counts."""
-    key = f"sessions:history-common:v1:{scope_key}"
-    common = soft_cache_get(key, what="history search's common terms")
-    if common is None:
-        # ts_stat() takes its rows as query text, so the scope's id (an integer) is written into it.
-        rows_sql = f"SELECT e.search_tsv FROM sessions_app_event e WHERE e.kind = 'message' AND {scope_sql}"
-        sql = f"""
-            SELECT word, ndoc FROM ts_stat(%(rows)s)
-            WHERE ndoc >= greatest(%(min_docs)s, ceil(%(share)s * (
-                SELECT count(*) FROM sessions_app_event e WHERE e.kind = 'message' AND {scope_sql}
-            )))
-        """
-        params = {"rows": rows_sql % {"scope": int(scope_param)}, "scope": scope_param,
-                  "min_docs": COMMON_TERM_MIN_DOCS, "share": COMMON_TERM_SHARE}
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            common = {word: int(ndoc) for word, ndoc in cursor.fetchall()}
-        soft_cache_set(key, common, COMMON_TERMS_SECONDS)
-    return common
-
-
-def _search_postgresql(terms, scope_sql, scope_param, pool, common):
-    """BM25 over the stored tsvector (migration 0002: search_tsv, content weighted A,
-    sender B, with a partial GIN index). ts_rank has no inverse document frequency,
-    so the score is computed here: candidates come from the GIN index (messages
-    matching the query's lexemes that are not `common`, see COMMON_TERM_SHARE), term
-    frequencies from the tsvector's weights (one per position), document
-    frequencies from the candidates (for a common lexeme, from `common`), the number
-    of messages from the scope (an index-only count on event_message_timeline) and the
-    average length from a sample of it. Arithmetic is float8: numeric ln() and division
-    cost more than the rest of the query.
-
-    The split into common and other lexemes happens here, in SQL, so a search stays two
-    queries (this one and reading the hits). Lexemes come from query_terms (word
-    characters only), and quote_literal makes each one a single tsquery operand."""
-    candidate_columns = "e.id, e.session_id, e.created_at, e.search_tsv, length(e.search_tsv)::float8 AS doc_length"
+def _search_postgresql(terms, scope, scope_param, pool):
+    """BM25 over the search postings (migration 0018: one row per message and lexeme of
+    the stored search_tsv, with its term frequency (a sender match counts SENDER_WEIGHT),
+    the message's length in lexemes and a BM25 impact at a fixed typical length), in one
+    query whose reads are bounded whatever the history length:
+    1. per query lexeme, its TERM_CANDIDATES best postings in the scope, from the btree
+       index (scope, lexeme, impact DESC) that also holds their tf and length; their
+       number gives the term's document frequency (see TERM_CANDIDATES), hence its idf
+       over the scope's size (MessageCount);
+    2. every message of those postings is a candidate, scored from them (tf, length
+       normalised by the scope's sampled average length): exact when no term is capped;
+       otherwise the best RESCORE_POOL are scored again from all their postings;
+    3. the best `pool` are the seeds of the neighbour step. A neighbour's score is its
+       candidate score, or when a term is capped its score from all its postings (0 when
+       it matches no query term).
+    Arithmetic is float8: numeric ln() and division cost more than the rest of the query.
+    Lexemes come from to_tsvector over query_terms (word characters only)."""
+    if scope == "session":
+        posting_scope = "p.session_id = %(scope)s"
+        count_scope = "c.session_id = %(scope)s"
+        event_scope = "e.session_id = %(scope)s"
+    else:
+        posting_scope = "p.kin_id = %(scope)s"
+        count_scope = "c.session_id IN (SELECT id FROM sessions_app_session WHERE kin_id = %(scope)s)"
+        event_scope = "e.session_id IN (SELECT id FROM sessions_app_session WHERE kin_id = %(scope)s)"
     sql = f"""
         WITH query_lexemes AS MATERIALIZED (
-            SELECT q.lexeme, c.df AS common_df
-            FROM (SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))) q
-            LEFT JOIN unnest(%(common_lexemes)s::text[], %(common_df)s::float8[]) AS c (lexeme, df)
-                ON c.lexeme = q.lexeme
+            SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))
         ),
-        rare_matches AS MATERIALIZED (
-            SELECT {candidate_columns}
-            FROM sessions_app_event e
-            WHERE e.kind = 'message' AND {scope_sql} AND e.search_tsv @@ (
-                SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery FROM query_lexemes WHERE common_df IS NULL
-            )
+        scope_size AS MATERIALIZED (
+            SELECT greatest(coalesce(sum(c.message_count), 0), 1)::float8 AS n
+            FROM sessions_app_messagecount c WHERE {count_scope}
         ),
-        candidates AS (
-            SELECT * FROM rare_matches
-            UNION ALL
-            -- Planned as a one-time filter: this scan only runs when no rare lexeme matched.
-            SELECT {candidate_columns}
-            FROM sessions_app_event e
-            WHERE NOT EXISTS (SELECT 1 FROM rare_matches)
-              AND e.kind = 'message' AND {scope_sql} AND e.search_tsv @@ (
-                SELECT quote_literal(lexeme)::tsquery FROM query_lexemes
-                WHERE common_df IS NOT NULL ORDER BY common_df, lexeme LIMIT 1
-            )
+        sample AS MATERIALIZED (
+            SELECT e.search_tsv FROM sessions_app_event e
+            WHERE e.kind = 'message' AND {event_scope} LIMIT %(sample)s
         ),
-        matches AS MATERIALIZED (
-            SELECT c.id, c.session_id, c.created_at, c.doc_length, v.lexeme,
-                   cardinality(v.weights)
-                   - (1 - %(sender_weight)s::float8) * cardinality(array_positions(v.weights, 'B')) AS term_frequency
-            FROM candidates c, unnest(c.search_tsv) v
-            WHERE v.lexeme IN (SELECT lexeme FROM query_lexemes)
+        scope_sample AS MATERIALIZED (
+            SELECT greatest(count(*), 1)::float8 AS size, coalesce(avg(length(search_tsv)), 1)::float8 AS avg_length
+            FROM sample
         ),
-        document_frequency AS (
-            SELECT m.lexeme, coalesce(q.common_df, count(*)::float8) AS df
-            FROM matches m JOIN query_lexemes q ON q.lexeme = m.lexeme
-            GROUP BY m.lexeme, q.common_df
+        best_postings AS MATERIALIZED (
+            SELECT q.lexeme, b.event_id, b.tf, b.doc_length
+            FROM query_lexemes q
+            CROSS JOIN LATERAL (
+                SELECT p.event_id, p.tf, p.doc_length FROM sessions_app_searchposting p
+                WHERE {posting_scope} AND p.lexeme = q.lexeme
+                ORDER BY p.impact DESC LIMIT %(term_candidates)s
+            ) b
         ),
-        scope_size AS (
-            SELECT count(*)::float8 AS n FROM sessions_app_event e WHERE e.kind = 'message' AND {scope_sql}
+        term_postings AS MATERIALIZED (
+            SELECT lexeme, count(*)::float8 AS postings FROM best_postings GROUP BY lexeme
         ),
-        length_sample AS (
-            SELECT coalesce(avg(length(e.search_tsv)), 1)::float8 AS avg_length
+        -- A capped term (not all its postings read): how many of the sample's messages
+        -- hold it (one pass over the sample per such term).
+        capped AS MATERIALIZED (
+            SELECT t.lexeme, n.n / z.size * (
+                SELECT count(*) FROM sample s WHERE s.search_tsv @@ quote_literal(t.lexeme)::tsquery
+            ) AS sampled_df
+            FROM term_postings t CROSS JOIN scope_size n CROSS JOIN scope_sample z
+            WHERE t.postings >= %(term_candidates)s
+        ),
+        term_weights AS MATERIALIZED (
+            SELECT d.lexeme, ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf
             FROM (
-                SELECT e.search_tsv FROM sessions_app_event e
-                WHERE e.kind = 'message' AND {scope_sql} LIMIT %(length_sample)s
-            ) e
-        ),
-        scored AS MATERIALIZED (
-            SELECT m.id, m.session_id, m.created_at,
-                   sum(
-                       ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5))
-                       * m.term_frequency * (%(k1)s::float8 + 1)
-                       / (m.term_frequency
-                          + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * m.doc_length / l.avg_length))
-                   ) AS score
-            FROM matches m
-            JOIN document_frequency d ON d.lexeme = m.lexeme
+                SELECT t.lexeme, greatest(t.postings, coalesce(c.sampled_df, 0)) AS df
+                FROM term_postings t LEFT JOIN capped c ON c.lexeme = t.lexeme
+            ) d
             CROSS JOIN scope_size n
-            CROSS JOIN length_sample l
-            GROUP BY m.id, m.session_id, m.created_at
         ),
-        {_SEEDS_WITH_NEIGHBOURS}
+        candidates AS MATERIALIZED (
+            SELECT p.event_id, sum({_BM25}) AS score
+            FROM best_postings p JOIN term_weights w ON w.lexeme = p.lexeme CROSS JOIN scope_sample z
+            GROUP BY p.event_id
+        ),
+        rescore_pool AS MATERIALIZED (
+            SELECT event_id, score FROM candidates ORDER BY score DESC, event_id LIMIT %(rescore_pool)s
+        ),
+        rescored AS MATERIALIZED ({_RESCORED.format(ids="SELECT event_id FROM rescore_pool")}),
+        seeds AS MATERIALIZED (
+            SELECT e.id, e.session_id, e.created_at, coalesce(r.score, c.score) AS score
+            FROM rescore_pool c
+            LEFT JOIN rescored r ON r.event_id = c.event_id
+            JOIN sessions_app_event e ON e.id = c.event_id
+            ORDER BY score DESC, e.id LIMIT %(pool)s
+        ),
+        windows AS MATERIALIZED (
+            SELECT s.id, s.score, {_PREVIOUS_MESSAGE} AS previous_id, {_NEXT_MESSAGE} AS next_id FROM seeds s
+        ),
+        neighbours_rescored AS MATERIALIZED ({_RESCORED.format(
+            ids="SELECT previous_id FROM windows UNION SELECT next_id FROM windows")}),
+        neighbour_scores AS (
+            SELECT event_id, score FROM candidates WHERE NOT EXISTS (SELECT 1 FROM capped)
+            UNION ALL
+            SELECT event_id, score FROM neighbours_rescored
+        )
         SELECT w.id, w.score, previous.score, following.score
         FROM windows w
-        LEFT JOIN scored previous ON previous.id = w.previous_id
-        LEFT JOIN scored following ON following.id = w.next_id
+        LEFT JOIN neighbour_scores previous ON previous.event_id = w.previous_id
+        LEFT JOIN neighbour_scores following ON following.event_id = w.next_id
     """
     params = {
         "text": " ".join(terms),
-        "common_lexemes": list(common),
-        "common_df": [float(df) for df in common.values()],
         "scope": scope_param,
-        "sender_weight": SENDER_WEIGHT,
         "k1": BM25_K1,
         "b": BM25_B,
-        "length_sample": LENGTH_SAMPLE,
+        "sample": SCOPE_SAMPLE,
+        "term_candidates": TERM_CANDIDATES,
+        "rescore_pool": max(RESCORE_POOL, pool),
         "pool": pool,
     }
     with connection.cursor() as cursor:

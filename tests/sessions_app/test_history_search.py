@@ -320,27 +320,16 @@ def test_limit_is_validated(search, limit, status):
         assert "limit" in assert_api_error(response, 400)["details"]
 
 
-# --- common terms (PostgreSQL) --------------------------------------------------------
+# --- bounded reads per term (PostgreSQL) -----------------------------------------------
 
 
 @pytest.fixture
-def fresh_cache():
-    """The common lexemes are cached per scope id; in the PostgreSQL pass the cache is
-    Redis, shared with other tests and runs, so it is cleared around the test."""
-    from django.core.cache import cache
-
-    cache.clear()
-    yield
-    cache.clear()
-
-
-@pytest.fixture
-def common_terms(monkeypatch, fresh_cache):
-    """Thresholds small enough that a sender of most of a few messages is common."""
+def few_candidates(monkeypatch):
+    """At most two postings read per query term, so a sender of most of a few messages
+    has more postings than are read (as a speaker's name has at 100,000 messages)."""
     from sessions_app import selectors
 
-    monkeypatch.setattr(selectors, "COMMON_TERM_MIN_DOCS", 5)
-    monkeypatch.setattr(selectors, "COMMON_TERM_SHARE", 0.5)
+    monkeypatch.setattr(selectors, "TERM_CANDIDATES", 2)
 
 
 def add_caroline_chat(session) -> None:
@@ -355,21 +344,34 @@ def add_caroline_chat(session) -> None:
 
 
 @pytest.mark.postgres
-def test_common_term_scores_but_pulls_in_no_candidates(api_client, chat_session, common_terms):
+def test_term_with_more_postings_than_are_read_still_scores(api_client, chat_session, few_candidates):
     add_caroline_chat(chat_session)
 
     response = session_search(api_client, chat_session, "Caroline zeppelin")
 
-    # Caroline's other messages match only the common 'carolin'; both zeppelin messages
-    # match, and Caroline's ranks first because the common term still scores.
-    assert hit_ids(response) == ["zc", "zm"]
+    # Both zeppelin messages are found through 'zeppelin'; Caroline's ranks first because
+    # 'carolin' still scores it, although only two of its eleven postings were read.
+    assert hit_ids(response)[:2] == ["zc", "zm"]
     scores = [hit["score"] for hit in response.json()["results"]]
     assert scores[0] > scores[1]
 
 
 @pytest.mark.postgres
-def test_without_common_terms_a_sender_match_alone_is_a_hit(api_client, chat_session, fresh_cache):
-    # The default thresholds make nothing common in a small session: every matching message is scored.
+def test_common_term_alone_finds_only_its_best_postings(api_client, chat_session, few_candidates):
+    add_caroline_chat(chat_session)
+    # 'carolin' has the same tf on each of Caroline's messages, so its two highest impacts
+    # are on her two shortest messages: "ok" (2 lexemes with her name) and zc (4; the
+    # others have 5 or 6). Only those two are read, so only they can be hits.
+    MessageFactory(session=chat_session, sender="Caroline", content="ok", external_id="short")
+
+    ids = hit_ids(session_search(api_client, chat_session, "Caroline", limit=100))
+
+    assert sorted(ids) == ["short", "zc"]
+
+
+@pytest.mark.postgres
+def test_without_a_cap_every_match_is_a_hit(api_client, chat_session):
+    # The default cap (1,000 postings per term) is far above a small session: every matching message is scored.
     add_caroline_chat(chat_session)
 
     ids = hit_ids(session_search(api_client, chat_session, "Caroline zeppelin", limit=100))
@@ -379,48 +381,44 @@ def test_without_common_terms_a_sender_match_alone_is_a_hit(api_client, chat_ses
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("query", ["Caroline", "Caroline xylophone"])
-def test_query_whose_rare_terms_match_nothing_searches_its_rarest_common_term(
-    api_client, chat_session, common_terms, query
-):
+def test_capped_term_gets_its_document_frequency_from_the_sample(chat_session, monkeypatch):
+    """A term whose postings were not all read counts as frequent as the scope's sample
+    says. Here the sample is the whole session, so the scores equal those of reading
+    every posting; taking the two postings read as the frequency would make 'carolin'
+    rarer (on 2 of 13 messages instead of 11) and raise zc's score."""
+    from sessions_app import selectors
+
     add_caroline_chat(chat_session)
+    exact = {hit.external_id: hit.score for hit in selectors.history_search(
+        query="Caroline zeppelin", limit=10, session=chat_session)}
+    monkeypatch.setattr(selectors, "TERM_CANDIDATES", 2)
 
-    ids = hit_ids(session_search(api_client, chat_session, query, limit=100))
+    capped = {hit.external_id: hit.score for hit in selectors.history_search(
+        query="Caroline zeppelin", limit=10, session=chat_session)}
 
-    assert len(ids) == 11 and "zm" not in ids and "m" not in ids  # Caroline's messages
+    assert capped["zc"] == pytest.approx(exact["zc"]) and capped["zm"] == pytest.approx(exact["zm"])
 
 
 @pytest.mark.postgres
-def test_history_search_works_when_the_cache_is_down(api_client, chat_session, common_terms, monkeypatch):
-    from django.core.cache import cache
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
-    def unreachable(*args, **kwargs):
-        raise RedisConnectionError("cache down")
-
-    add_caroline_chat(chat_session)
-    monkeypatch.setattr(cache, "get", unreachable)
-    monkeypatch.setattr(cache, "set", unreachable)
-
-    assert hit_ids(session_search(api_client, chat_session, "Caroline zeppelin")) == ["zc", "zm"]
-
-
-@pytest.mark.postgres
-def test_search_reads_the_common_terms_once_then_takes_two_queries(chat_session, common_terms,
-                                                                    django_assert_num_queries):
+def test_search_takes_two_queries(chat_session, django_assert_num_queries):
     from sessions_app.selectors import history_search
 
     add_caroline_chat(chat_session)
-    with django_assert_num_queries(3):  # the common lexemes, the search, the hits
-        history_search(query="Caroline zeppelin", limit=10, session=chat_session)
-    for query in ("zeppelin", "Caroline", "harbour station"):
-        with django_assert_num_queries(2):
+    for query in ("Caroline zeppelin", "zeppelin", "Caroline", "harbour station"):
+        with django_assert_num_queries(2):  # the search, the hits
             history_search(query=query, limit=10, session=chat_session)
 
 
 @pytest.mark.postgres
-def test_kin_search_splits_common_terms_over_all_its_sessions(api_client, kin, chat_session, common_terms):
-    add_caroline_chat(chat_session)
-    MessageFactory(session=SessionFactory(kin=kin), sender="Caroline", content="a zeppelin again", external_id="z2")
+def test_kin_search_reads_the_best_postings_over_all_its_sessions(api_client, kin, chat_session, few_candidates):
+    # 'zeppelin' once on each message, so the shorter the message the higher its impact:
+    # z1 (2 lexemes with the sender's name), c1 (3), c0 (4), c2 (5).
+    other = SessionFactory(kin=kin)
+    MessageFactory(session=other, sender="Al", content="zeppelin", external_id="z1")
+    add_messages(chat_session, ["the zeppelin flew over the harbour", "zeppelin again",
+                                "a zeppelin over the grey northern sea"], prefix="c")
+    MessageFactory(session=SessionFactory(), sender="Al", content="zeppelin", external_id="elsewhere")
 
-    assert sorted(hit_ids(kin_search(api_client, kin, "Caroline zeppelin"))) == ["z2", "zc", "zm"]
+    # The two best postings of the kin, one from each of its sessions; of the session, its two best.
+    assert sorted(hit_ids(kin_search(api_client, kin, "zeppelin"))) == ["c1", "z1"]
+    assert sorted(hit_ids(session_search(api_client, chat_session, "zeppelin"))) == ["c0", "c1"]
