@@ -145,7 +145,7 @@ class CandidateCounter:
         if not lexemes:
             return 0
         scope_sql, params = search_candidates.scope_sql(team=team, kin=kin, include_shared=True)
-        stats = postgres.scope_stats(scope_sql, params, True)
+        stats = postgres.scope_stats(params, True, lexemes)
         rare = [lexeme for lexeme in lexemes if lexeme not in stats.common]
         common = sorted((lexeme for lexeme in lexemes if lexeme in stats.common),
                         key=lambda lexeme: (stats.common[lexeme], lexeme))
@@ -517,11 +517,11 @@ def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs,
             candidates.append(count_candidates(team=team, kin=kin, question=question["question"]))
     common_lexemes = None
     if count_candidates is not None:
-        # The common lexemes of each scope under this setting (from the statistics just cached).
+        # The common lexemes of each scope under this setting.
         common_lexemes = {}
         for conversation_id, kin in kins.items():
-            scope_sql, params = search_candidates.scope_sql(team=team, kin=kin, include_shared=True)
-            stats = postgres.scope_stats(scope_sql, params, True)
+            _, params = search_candidates.scope_sql(team=team, kin=kin, include_shared=True)
+            stats = postgres.scope_stats(params, True, None)
             common_lexemes[conversation_id] = {"threshold": max(min_docs, math.ceil(share * stats.count)),
                                                "count": len(stats.common)}
     recall_key = f"recall@{10 if 10 in ks else max(ks)}"
