@@ -110,12 +110,15 @@ def load(*, layout: tuple[int, int, int, int], seed: int, id_offset: int) -> dic
         columns = ("team_id, kin_id, category, content, subject, importance, status, source, source_ref, "
                    "retrieval_count, embedding_model, vector_seq, created_at, updated_at")
         owners = [(kin.pk, per_kin) for kin in kins] + ([(big_kin.pk, big)] if big_kin else []) + [(None, shared)]
+        # The kins' memories interleave in the heap and the indexes, as written over time
+        # by kins that are all active (a load kin by kin would keep each kin's rows together).
+        owner_of_row = [kin_id for kin_id, count in owners for _ in range(count)]
+        rng.shuffle(owner_of_row)
         with cursor.copy(f"COPY memories_memory ({columns}) FROM STDIN") as copy:
-            for kin_id, count in owners:
-                for _ in range(count):
-                    moment = now - timedelta(days=rng.randint(0, 365), seconds=rng.randint(0, 86_400))
-                    copy.write_row((team.pk, kin_id, rng.choice(CATEGORIES), memory_text(rng), rng.choice(PEOPLE),
-                                    rng.randint(1, 10), "active", "api", "", 0, "", 0, moment, moment))
+            for kin_id in owner_of_row:
+                moment = now - timedelta(days=rng.randint(0, 365), seconds=rng.randint(0, 86_400))
+                copy.write_row((team.pk, kin_id, rng.choice(CATEGORIES), memory_text(rng), rng.choice(PEOPLE),
+                                rng.randint(1, 10), "active", "api", "", 0, "", 0, moment, moment))
         copy_seconds = time.monotonic() - started
         cursor.execute("ALTER TABLE memories_memory ENABLE TRIGGER memories_memory_vector_seq")
         cursor.execute("SET maintenance_work_mem = '256MB'")

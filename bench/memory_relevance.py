@@ -14,7 +14,6 @@ client and vector storage) and every question is asked again under each fusion o
 FUSIONS (memories.ranking.fuse swapped, as the common-term constants are).
 """
 import argparse
-import math
 import os
 import random
 import statistics
@@ -522,7 +521,7 @@ def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs,
         for conversation_id, kin in kins.items():
             _, params = search_candidates.scope_sql(team=team, kin=kin, include_shared=True)
             stats = postgres.scope_stats(params, True, None)
-            common_lexemes[conversation_id] = {"threshold": max(min_docs, math.ceil(share * stats.count)),
+            common_lexemes[conversation_id] = {"threshold": postgres.common_threshold(stats.count),
                                                "count": len(stats.common)}
     recall_key = f"recall@{10 if 10 in ks else max(ks)}"
     return {

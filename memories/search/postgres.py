@@ -27,6 +27,19 @@ BM25_B = 0.75
 # floor of 100 documents instead of 250 lost a question, its topic word turned common.
 COMMON_TERM_SHARE = 0.005
 COMMON_TERM_MIN_DOCS = 250
+# Bounds that keep a search's cost from growing with its scope (bench/memory_growth.py:
+# 1,000,000 memories in a team, one kin of 100,000). A lexeme in COMMON_TERM_MAX_DOCS
+# memories is common whatever the scope's size: by share alone, a scope of 1,000,000
+# would pull in up to 5,000 candidates per "rare" lexeme. It only bites above 200,000
+# memories in scope (0.5 % of them), so the LoCoMo-chosen thresholds stand below that.
+COMMON_TERM_MAX_DOCS = 1_000
+# A query of common terms only reads at most this many memories matching its rarest
+# common term (when that term has more): in a kin of 100,000, a person's name matched
+# 9,000, and reading and scoring them was most of the search (13 of 16 ms). Which ones
+# are read is the heap's order (about the oldest first): for one common word the BM25
+# order among thousands of matches is only their length, and ranking weighs recency
+# and importance over the 50 best of whichever are read.
+FALLBACK_CANDIDATES = 2_000
 
 
 @dataclass(frozen=True)
@@ -57,9 +70,14 @@ def scope_stats(params: dict, include_shared: bool, lexemes: list[str] | None) -
         )
         documents = {lexeme: (int(count), int(length)) for lexeme, count, length in cursor.fetchall()}
     count, total_length = documents.pop("", (0, 0))
-    min_docs = max(COMMON_TERM_MIN_DOCS, math.ceil(COMMON_TERM_SHARE * count))
+    min_docs = common_threshold(count)
     common = {lexeme: ndoc for lexeme, (ndoc, _) in documents.items() if ndoc >= min_docs}
     return ScopeStats(count=count, avg_length=max(total_length / count if count else 1.0, 1.0), common=common)
+
+
+def common_threshold(count: int) -> int:
+    """How many of a scope's `count` memories a lexeme must be in to be common."""
+    return max(COMMON_TERM_MIN_DOCS, min(math.ceil(COMMON_TERM_SHARE * count), COMMON_TERM_MAX_DOCS))
 
 
 def bm25_idf(*, count: int, df: int | float) -> float:
@@ -124,15 +142,20 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
                 f"WHERE m.status = 'active' AND m.search_tsv @@ %({name})s::tsquery AND {scope_sql}")
 
     ctes = []
+    fallback = ""
+    if rarest_common is not None:
+        fallback = matching([rarest_common], "fallback")
+        if rare:
+            # Planned as a one-time filter: the scan only runs when no rare lexeme matched.
+            fallback += " AND NOT EXISTS (SELECT 1 FROM rare_matches)"
+        if stats.common[rarest_common] > FALLBACK_CANDIDATES:
+            fallback = f"({fallback} LIMIT %(fallback_limit)s)"
+            params["fallback_limit"] = FALLBACK_CANDIDATES
     if rare:
         ctes.append(f"rare_matches AS MATERIALIZED ({matching(rare, 'rare')})")
-        matches = "SELECT id, search_tsv FROM rare_matches"
-        if rarest_common is not None:
-            # Planned as a one-time filter: the scan only runs when no rare lexeme matched.
-            matches += (f" UNION ALL {matching([rarest_common], 'fallback')}"
-                        f" AND NOT EXISTS (SELECT 1 FROM rare_matches)")
+        matches = "SELECT id, search_tsv FROM rare_matches" + (f" UNION ALL {fallback}" if fallback else "")
     else:
-        matches = matching([rarest_common], "fallback")
+        matches = fallback
 
     tf_columns, df_columns, score_terms = [], [], []
     for i, lexeme in enumerate(lexemes):

@@ -336,3 +336,30 @@ def test_query_lexemes_are_read_once_per_term_and_match_the_whole_query(db, monk
     assert len(postgres._term_lexemes) <= 8
     with django_assert_num_queries(1):  # PostgreSQL's stop words: no lexeme
         assert postgres._query_lexemes(query_terms("don t s")) == [] == expected["don t s"]
+
+
+@pytest.mark.postgres
+def test_query_of_common_terms_only_reads_a_bounded_number_of_memories(team, kin, common_terms, monkeypatch):
+    from memories.search import postgres
+
+    add_common(team, kin)  # "updates" in 4 memories, "prefers" in 5
+    common_terms(True)
+    assert len(search(team, kin, "prefers updates")) == 4
+    monkeypatch.setattr(postgres, "FALLBACK_CANDIDATES", 2)
+    hits = search(team, kin, "prefers updates")
+    assert len(hits) == 2 and all("updates" in hit.memory.content for hit in hits)
+    # A rare term that matches nothing falls back to the same bounded read.
+    assert len(search(team, kin, "zebra updates")) == 2
+
+
+@pytest.mark.postgres
+def test_a_lexeme_in_common_term_max_docs_memories_is_common_in_any_scope(team, kin, monkeypatch):
+    from memories.search import postgres
+
+    add_common(team, kin)  # 10 memories: "prefers" in 5, "updates" in 4, "roadmap" in 4
+    monkeypatch.setattr(postgres, "COMMON_TERM_MIN_DOCS", 2)
+    monkeypatch.setattr(postgres, "COMMON_TERM_SHARE", 0.9)  # by share alone: 9 of 10
+    params = {"team": team.pk, "kin": kin.pk}
+    assert postgres.scope_stats(params, True, ["prefer", "updat"]).common == {}
+    monkeypatch.setattr(postgres, "COMMON_TERM_MAX_DOCS", 5)
+    assert postgres.scope_stats(params, True, ["prefer", "updat"]).common == {"prefer": 5}
