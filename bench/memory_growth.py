@@ -79,7 +79,8 @@ def query_text(rng: random.Random, kind: str) -> str:
 def load(*, layout: tuple[int, int, int, int], seed: int, id_offset: int) -> dict:
     """The layout's team, kins and memories in the current database, by COPY, the search
     indexes dropped during the load and built after it. Ids start at id_offset so the two
-    databases' teams and kins never share an id (the scope statistics are cached by id)."""
+    databases' teams and kins never share an id: no per-process cache keyed by ids (the
+    vector caches) mixes the two."""
     from django.db import connection
     from django.utils import timezone
 

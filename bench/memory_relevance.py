@@ -329,11 +329,12 @@ def run(*, data_dir: Path = DATA_DIR, conversations: int | None = None, question
         filler: int = 10_000, shares=DEFAULT_SHARES, min_docs=DEFAULT_MIN_DOCS, seed: int = 7,
         embeddings: str = "", embedding_model: str = EMBEDDING_MODEL, fusions=tuple(FUSIONS)) -> dict:
     """Loads the memories into the current database, then asks every question under each
-    setting, without embeddings. The scope statistics are cached under a key that ignores
-    the setting, so the cache is cleared between settings; a private in-process cache is
-    used for that, never the deployment's Redis. With `embeddings` (an OpenAI-compatible
-    base URL serving `embedding_model`), then embeds every memory and asks every question
-    again under each of `fusions` (names of FUSIONS), at the default common-term setting."""
+    setting, without embeddings. The cache is cleared between settings (nothing cached
+    may outlive a setting; the scope statistics were cached until memories migration
+    0012); a private in-process cache is used for that, never the deployment's Redis.
+    With `embeddings` (an OpenAI-compatible base URL serving `embedding_model`), then
+    embeds every memory and asks every question again under each of `fusions` (names of
+    FUSIONS), at the default common-term setting."""
     from django.conf import settings
     from django.test import override_settings
 
@@ -396,7 +397,7 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
         for share, docs in grid:
             postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS = share, docs
             cache.clear()
-            for kin in kins.values():  # warm-up: scope statistics (ts_stat), plans
+            for kin in kins.values():  # warm-up: plans, lexemes
                 memory_search(team=team, kin=kin, query="hello there", limit=limit)
             results.append(_ask(questions, kins, team=team, ks=ks, limit=limit, count_candidates=count_candidates,
                                 share=share, min_docs=docs, default=default))

@@ -118,7 +118,10 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
     BM25 is computed here. Candidates are the memories matching the query's rare
     lexemes (common ones only add to their scores; see COMMON_TERM_SHARE), so the
     rare lexemes' document frequencies are counted exactly among the candidates; the
-    common lexemes' come with the cached scope statistics, as do count and average length.
+    common lexemes' come from the scope's counters (scope_stats), as do count and
+    average length. Every read is bounded whatever the scope's size: rare lexemes match
+    fewer than COMMON_TERM_MAX_DOCS memories each, and the common-only fallback reads at
+    most FALLBACK_CANDIDATES.
 
     Term frequency is 1 for a match in the content and SUBJECT_WEIGHT for a match in the
     subject only. Memories are a sentence or two, so a term rarely repeats; testing `@@`
