@@ -15,8 +15,8 @@ The corpus is bench/synthetic.py's sentences (a ~120-word Zipf vocabulary: every
 it is "common" at scale) plus, on a third of the memories, a reference drawn from 200,000
 made-up codes, so rare words exist. Query kinds: rare (a sentence with a code), common
 (a sentence of the vocabulary only), names (one or two people), one_word (a common
-topic), many_words (a 30-60-word message). Rounds alternate the layouts (switching the
-connection between them) so both see the same machine. Memories are loaded with COPY,
+topic), many_words (a 30-60-word message). The searches of both layouts alternate in
+random order (one open connection per database), so both see the same machine. Memories are loaded with COPY,
 the search indexes built after the load, then VACUUM ANALYZE; both databases are dropped.
 """
 import argparse
@@ -157,28 +157,42 @@ def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int) -> 
               flush=True)
     version = database_version(connection)
     rng = random.Random(seed + 99)
-    # groups: (layout, "regular" | "big") -> kind -> latencies
+    # One open connection per database; the default alias is pointed at one or the other
+    # before each search, so searches of both layouts alternate in random order and see
+    # the same machine (this 2-core machine's speed swings within minutes).
+    from django.db import connections
+
+    base = connections["default"]
+    wrappers = {layout: base.__class__({**base.settings_dict, "NAME": database}, alias="default")
+                for layout, database in databases.items()}
+    tasks = []  # (layout, "regular" | "big", kins, kind), per_kind of each per round
+    for layout in databases:
+        data = loaded[layout]
+        groups = [("regular", data["kins"])] + ([("big", [data["big_kin"]])] if data["big_kin"] else [])
+        tasks += [(layout, group, kins, kind) for group, kins in groups for kind in KINDS] * per_kind
+    for layout, wrapper in wrappers.items():  # untimed: each connection's catalog caches and plans
+        connections["default"] = wrapper
+        memory_search(team=loaded[layout]["team"], kin=loaded[layout]["kins"][0], query="warm up",
+                      limit=settings.MEMORY_TOP_K)
     latencies: dict[tuple[str, str], dict[str, list[float]]] = {}
     hit_counts: list[int] = []
     with MachineWatch() as machine:
         for _ in range(rounds):
-            for layout, database in databases.items():
-                use_database(database)
-                data = loaded[layout]
-                groups = [("regular", data["kins"])] + ([("big", [data["big_kin"]])] if data["big_kin"] else [])
-                # An untimed search: the new connection's catalog caches and plans.
-                memory_search(team=data["team"], kin=data["kins"][0], query="warm up", limit=settings.MEMORY_TOP_K)
-                for group, kins in groups:
-                    for kind in KINDS:
-                        for _ in range(per_kind):
-                            kin, text = rng.choice(kins), query_text(rng, kind)
-                            started = time.perf_counter()
-                            hits = memory_search(team=data["team"], kin=kin, query=text, limit=settings.MEMORY_TOP_K)
-                            elapsed = (time.perf_counter() - started) * 1000
-                            latencies.setdefault((layout, group), {}).setdefault(kind, []).append(elapsed)
-                            hit_counts.append(len(hits))
+            rng.shuffle(tasks)
+            for layout, group, kins, kind in tasks:
+                connections["default"] = wrappers[layout]
+                kin, text = rng.choice(kins), query_text(rng, kind)
+                started = time.perf_counter()
+                hits = memory_search(team=loaded[layout]["team"], kin=kin, query=text, limit=settings.MEMORY_TOP_K)
+                elapsed = (time.perf_counter() - started) * 1000
+                latencies.setdefault((layout, group), {}).setdefault(kind, []).append(elapsed)
+                hit_counts.append(len(hits))
+    for wrapper in wrappers.values():
+        wrapper.close()
+    connections["default"] = base
     figures = {}
-    for (layout, group), by_kind in latencies.items():
+    for (layout, group), by_kind in sorted(latencies.items(), key=lambda item: (list(databases).index(item[0][0]),
+                                                                               item[0][1] != "regular")):
         every = [value for values in by_kind.values() for value in values]
         figures[f"{layout}_{group}"] = {"all": latency_summary(every),
                                         **{kind: latency_summary(values) for kind, values in by_kind.items()}}
