@@ -8,8 +8,10 @@ Only active memories count. INSERT and DELETE: statement triggers with transitio
 (an import or a bulk load updates each counter once). UPDATE: a row trigger, only when
 the status, scope or text changed: search marks its hits retrieved with an UPDATE of
 other columns, which must not pay for it (and column lists exclude transition tables).
-Every statement writes its counters sorted by (team, kin, lexeme), so two writers of
-one scope take the counters' row locks in the same order. The generated tsvector
+Every statement writes its counters sorted by (team, kin, lexeme), so the scope's row
+(lexeme '', sorted first, written by every statement that touches the scope, even when
+its figures do not change) is locked before any lexeme's: the writers of one scope wait
+for each other there, one transaction at a time, and cannot deadlock on the lexemes. The generated tsvector
 (migration 0002) is set before AFTER triggers, so they read it. SQLite keeps no counts:
 its search (FTS5 bm25()) has its own statistics."""
 from django.db import migrations, models
@@ -65,7 +67,8 @@ PG_FORWARD = [
             + _COUNTERS.format(sign=-1, rows="(SELECT OLD.team_id, OLD.kin_id, OLD.status, OLD.search_tsv) AS o")
             + " UNION ALL "
             + _COUNTERS.format(sign=1, rows="(SELECT NEW.team_id, NEW.kin_id, NEW.status, NEW.search_tsv) AS n")
-            + ") AS signed GROUP BY 1, 2, 3 HAVING sum(documents) <> 0 OR sum(total_length) <> 0"))};
+            + ") AS signed GROUP BY 1, 2, 3"
+            + " HAVING sum(documents) <> 0 OR sum(total_length) <> 0 OR lexeme = ''"))};
         {_DROP_ZEROS.format(rows="(SELECT OLD.team_id, OLD.kin_id, OLD.search_tsv) AS o")};
         RETURN NULL;
     END $$
