@@ -81,8 +81,8 @@ def common_threshold(count: int) -> int:
 
 
 def bm25_idf(*, count: int, df: int | float) -> float:
-    """Lucene's BM25 idf; the count is clamped to df, which it can only be below if the
-    counters and the index disagree (they are written in one transaction)."""
+    """Lucene's BM25 idf; the count is clamped to df: the scope's count and the candidates
+    are two reads, and a write may commit between them."""
     return math.log(1.0 + (max(count, df) - df + 0.5) / (df + 0.5))
 
 
