@@ -14,7 +14,6 @@ client and vector storage) and every question is asked again under each fusion o
 FUSIONS (memories.ranking.fuse swapped, as the common-term constants are).
 """
 import argparse
-import math
 import os
 import random
 import statistics
@@ -145,7 +144,7 @@ class CandidateCounter:
         if not lexemes:
             return 0
         scope_sql, params = search_candidates.scope_sql(team=team, kin=kin, include_shared=True)
-        stats = postgres.scope_stats(scope_sql, params, True)
+        stats = postgres.scope_stats(params, True, lexemes)
         rare = [lexeme for lexeme in lexemes if lexeme not in stats.common]
         common = sorted((lexeme for lexeme in lexemes if lexeme in stats.common),
                         key=lambda lexeme: (stats.common[lexeme], lexeme))
@@ -330,11 +329,12 @@ def run(*, data_dir: Path = DATA_DIR, conversations: int | None = None, question
         filler: int = 10_000, shares=DEFAULT_SHARES, min_docs=DEFAULT_MIN_DOCS, seed: int = 7,
         embeddings: str = "", embedding_model: str = EMBEDDING_MODEL, fusions=tuple(FUSIONS)) -> dict:
     """Loads the memories into the current database, then asks every question under each
-    setting, without embeddings. The scope statistics are cached under a key that ignores
-    the setting, so the cache is cleared between settings; a private in-process cache is
-    used for that, never the deployment's Redis. With `embeddings` (an OpenAI-compatible
-    base URL serving `embedding_model`), then embeds every memory and asks every question
-    again under each of `fusions` (names of FUSIONS), at the default common-term setting."""
+    setting, without embeddings. The cache is cleared between settings (nothing cached
+    may outlive a setting; the scope statistics were cached until memories migration
+    0012); a private in-process cache is used for that, never the deployment's Redis.
+    With `embeddings` (an OpenAI-compatible base URL serving `embedding_model`), then
+    embeds every memory and asks every question again under each of `fusions` (names of
+    FUSIONS), at the default common-term setting."""
     from django.conf import settings
     from django.test import override_settings
 
@@ -397,7 +397,7 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
         for share, docs in grid:
             postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS = share, docs
             cache.clear()
-            for kin in kins.values():  # warm-up: scope statistics (ts_stat), plans
+            for kin in kins.values():  # warm-up: plans, lexemes
                 memory_search(team=team, kin=kin, query="hello there", limit=limit)
             results.append(_ask(questions, kins, team=team, ks=ks, limit=limit, count_candidates=count_candidates,
                                 share=share, min_docs=docs, default=default))
@@ -517,12 +517,12 @@ def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs,
             candidates.append(count_candidates(team=team, kin=kin, question=question["question"]))
     common_lexemes = None
     if count_candidates is not None:
-        # The common lexemes of each scope under this setting (from the statistics just cached).
+        # The common lexemes of each scope under this setting.
         common_lexemes = {}
         for conversation_id, kin in kins.items():
-            scope_sql, params = search_candidates.scope_sql(team=team, kin=kin, include_shared=True)
-            stats = postgres.scope_stats(scope_sql, params, True)
-            common_lexemes[conversation_id] = {"threshold": max(min_docs, math.ceil(share * stats.count)),
+            _, params = search_candidates.scope_sql(team=team, kin=kin, include_shared=True)
+            stats = postgres.scope_stats(params, True, None)
+            common_lexemes[conversation_id] = {"threshold": postgres.common_threshold(stats.count),
                                                "count": len(stats.common)}
     recall_key = f"recall@{10 if 10 in ks else max(ks)}"
     return {

@@ -11,7 +11,7 @@ from django.db.models.functions import Length
 
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from memories import services
-from memories.models import EmbeddingRun, Memory, MemoryChange, MemoryVector, MemoryVectorScope
+from memories.models import EmbeddingRun, Memory, MemoryChange, MemoryTermCount, MemoryVector, MemoryVectorScope
 
 
 def _actor(request) -> services.Actor:
@@ -148,3 +148,24 @@ class MemoryVectorScopeAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.Mod
     @admin.display(description="kin ID", ordering="kin_key")
     def kin(self, scope):
         return scope.kin_key or "— (shared memories)"
+
+
+@admin.register(MemoryTermCount)
+class MemoryTermCountAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Full-text counters of each memory scope (memories.search.postgres's BM25
+    statistics), read-only: database triggers keep them (PostgreSQL). Plain ids, no team
+    relation: superusers only."""
+
+    list_display = ["id", "team", "kin", "lexeme", "documents", "total_length"]
+    search_fields = ["=team_id", "=kin_key", "=lexeme"]
+    fields = list_display
+    readonly_fields = fields
+    show_full_result_count = False
+
+    @admin.display(description="team ID", ordering="team_id")
+    def team(self, row):
+        return row.team_id
+
+    @admin.display(description="kin ID", ordering="kin_key")
+    def kin(self, row):
+        return row.kin_key or "— (shared memories)"

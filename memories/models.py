@@ -111,6 +111,32 @@ class MemoryVectorScope(models.Model):
         return f"team {self.team_id} kin {self.kin_key or 'shared'}: generation {self.generation}"
 
 
+class MemoryTermCount(models.Model):
+    """Full-text statistics of one memory scope (kin_key as in MemoryVectorScope: the kin's
+    id, or 0 for its team's shared memories), what BM25 needs besides the matching
+    memories: for each lexeme of the scope's active memories' tsvectors, how many of them
+    hold it (`documents`), and on the row of lexeme '' (never a real lexeme) how many
+    active memories the scope has and the sum of their tsvector lengths. PostgreSQL only:
+    database triggers (migration 0012) keep the rows in the transaction of every write, so
+    a search reads its query's few rows instead of counting over the scope, whatever its
+    size; a count that falls to 0 is removed. Plain ids, no foreign keys, as for
+    MemoryVectorScope. Read by memories.search.postgres.scope_stats."""
+
+    team_id = models.BigIntegerField()
+    kin_key = models.BigIntegerField()
+    lexeme = models.TextField()
+    documents = models.BigIntegerField(default=0)
+    total_length = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team_id", "kin_key", "lexeme"], name="memorytermcount_scope_lexeme"),
+        ]
+
+    def __str__(self):
+        return f"team {self.team_id} kin {self.kin_key or 'shared'}: {self.lexeme or '(all)'} {self.documents}"
+
+
 class MemoryChange(models.Model):
     """One add, update, delete or supersede of a memory: never edited, never deleted."""
 

@@ -1,21 +1,18 @@
 """Full-text candidates on PostgreSQL: BM25 over the stored tsvector, with the scope's
-statistics cached briefly and the lexemes of query terms kept per process."""
+statistics read from the counters the database keeps (MemoryTermCount) and the lexemes
+of query terms kept per process."""
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.db import connection
 
-from kinsite.softcache import soft_cache_get, soft_cache_set
+from memories.models import MemoryTermCount
 from memories.search.candidates import SUBJECT_WEIGHT, TextMatch, hit_columns_sql
 
 # BM25 parameters, the usual defaults (SQLite's FTS5 bm25() uses the same).
 BM25_K1 = 1.2
 BM25_B = 0.75
-# BM25 needs the scope's document count and average length. Counting them reads every
-# active memory of the scope, too slow per query at 100,000 memories, so they are cached
-# briefly: a minute-old count barely moves BM25, and idf is clamped so it stays positive.
-SCOPE_STATS_SECONDS = 60
 # Common terms (PostgreSQL). A lexeme in at least this share of the scope's memories, and
 # in at least COMMON_TERM_MIN_DOCS of them, is common: it still scores, but it does not
 # pull memories in as candidates, as in Lucene's CommonTermsQuery. Scoring every memory
@@ -30,47 +27,62 @@ SCOPE_STATS_SECONDS = 60
 # floor of 100 documents instead of 250 lost a question, its topic word turned common.
 COMMON_TERM_SHARE = 0.005
 COMMON_TERM_MIN_DOCS = 250
+# Bounds that keep a search's cost from growing with its scope (bench/memory_growth.py:
+# 1,000,000 memories in a team, one kin of 100,000). A lexeme in COMMON_TERM_MAX_DOCS
+# memories is common whatever the scope's size: by share alone, a scope of 1,000,000
+# would pull in up to 5,000 candidates per "rare" lexeme. It only bites above 200,000
+# memories in scope (0.5 % of them), so the LoCoMo-chosen thresholds stand below that.
+COMMON_TERM_MAX_DOCS = 1_000
+# A query of common terms only reads at most this many memories matching its rarest
+# common term (when that term has more): in a kin of 100,000, a person's name matched
+# 9,000, and reading and scoring them was most of the search (13 of 16 ms). Which ones
+# are read is the heap's order (about the oldest first): for one common word the BM25
+# order among thousands of matches is only their length, and ranking weighs recency
+# and importance over the 50 best of whichever are read.
+FALLBACK_CANDIDATES = 2_000
 
 
 @dataclass(frozen=True)
 class ScopeStats:
     """What BM25 needs to know about a scope beyond the matching memories: its active
     memory count, their average tsvector length, and the document frequency of every
-    common lexeme (see COMMON_TERM_SHARE)."""
+    common lexeme asked about (see COMMON_TERM_SHARE)."""
 
     count: int
     avg_length: float
     common: dict[str, int] = field(default_factory=dict)
 
 
-def scope_stats(scope_sql: str, params: dict, include_shared: bool) -> ScopeStats:
-    """The scope's BM25 statistics, cached for SCOPE_STATS_SECONDS."""
-    key = f"memories:bm25:v2:{params['team']}:{params.get('kin', 'shared')}:{int(include_shared)}"
-    stats = soft_cache_get(key, what="BM25 statistics")
-    if stats is None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT count(*), coalesce(avg(length(m.search_tsv)), 1) FROM memories_memory m "
-                f"WHERE m.status = 'active' AND {scope_sql}",
-                params,
-            )
-            count, avg_length = cursor.fetchone()
-            min_docs = max(COMMON_TERM_MIN_DOCS, math.ceil(COMMON_TERM_SHARE * count))
-            common = {}
-            if count >= min_docs:
-                # ts_stat() counts every lexeme of the scope in one pass. It takes its rows
-                # as query text, so the scope's ids (integers) are written into it.
-                rows_sql = f"SELECT m.search_tsv FROM memories_memory m WHERE m.status = 'active' AND {scope_sql}"
-                cursor.execute("SELECT word, ndoc FROM ts_stat(%(rows)s) WHERE ndoc >= %(min_docs)s",
-                               {"rows": rows_sql % {k: int(v) for k, v in params.items()}, "min_docs": min_docs})
-                common = {word: int(ndoc) for word, ndoc in cursor.fetchall()}
-        stats = ScopeStats(count=int(count), avg_length=max(float(avg_length), 1.0), common=common)
-        soft_cache_set(key, stats, SCOPE_STATS_SECONDS)
-    return stats
+def scope_stats(params: dict, include_shared: bool, lexemes: list[str] | None) -> ScopeStats:
+    """The scope's BM25 statistics (params as scope_sql makes them: team, and kin unless
+    the scope is the shared memories), with the common ones among `lexemes` (None: every
+    common lexeme of the scope, for benchmarks). Exact and current: the counters are
+    kept by triggers in the transaction of every memory write (migration 0012), and the
+    query reads one row per scope and lexeme, so its cost does not grow with the scope
+    (counting over the scope took 30 ms at 19,000 memories, 150 ms at 109,000)."""
+    kin_keys = [0] if "kin" not in params else [params["kin"], 0] if include_shared else [params["kin"]]
+    wanted = "" if lexemes is None else "AND lexeme = ANY(%(lexemes)s)"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT lexeme, sum(documents), sum(total_length) FROM {MemoryTermCount._meta.db_table} "
+            f"WHERE team_id = %(team)s AND kin_key = ANY(%(kin_keys)s) {wanted} GROUP BY lexeme",
+            {"team": params["team"], "kin_keys": kin_keys, "lexemes": ["", *(lexemes or [])]},
+        )
+        documents = {lexeme: (int(count), int(length)) for lexeme, count, length in cursor.fetchall()}
+    count, total_length = documents.pop("", (0, 0))
+    min_docs = common_threshold(count)
+    common = {lexeme: ndoc for lexeme, (ndoc, _) in documents.items() if ndoc >= min_docs}
+    return ScopeStats(count=count, avg_length=max(total_length / count if count else 1.0, 1.0), common=common)
+
+
+def common_threshold(count: int) -> int:
+    """How many of a scope's `count` memories a lexeme must be in to be common."""
+    return max(COMMON_TERM_MIN_DOCS, min(math.ceil(COMMON_TERM_SHARE * count), COMMON_TERM_MAX_DOCS))
 
 
 def bm25_idf(*, count: int, df: int | float) -> float:
-    """Lucene's BM25 idf; the count is clamped to df because cached counts can lag."""
+    """Lucene's BM25 idf; the count is clamped to df: the scope's count and the candidates
+    are two reads, and a write may commit between them."""
     return math.log(1.0 + (max(count, df) - df + 0.5) / (df + 0.5))
 
 
@@ -106,7 +118,10 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
     BM25 is computed here. Candidates are the memories matching the query's rare
     lexemes (common ones only add to their scores; see COMMON_TERM_SHARE), so the
     rare lexemes' document frequencies are counted exactly among the candidates; the
-    common lexemes' come with the cached scope statistics, as do count and average length.
+    common lexemes' come from the scope's counters (scope_stats), as do count and
+    average length. Every read is bounded whatever the scope's size: rare lexemes match
+    fewer than COMMON_TERM_MAX_DOCS memories each, and the common-only fallback reads at
+    most FALLBACK_CANDIDATES.
 
     Term frequency is 1 for a match in the content and SUBJECT_WEIGHT for a match in the
     subject only. Memories are a sentence or two, so a term rarely repeats; testing `@@`
@@ -117,7 +132,7 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
     lexemes = _query_lexemes(terms)
     if not lexemes:
         return []  # only PostgreSQL stop words
-    stats = scope_stats(scope_sql, params, include_shared)
+    stats = scope_stats(params, include_shared, lexemes)
     common = [lexeme for lexeme in lexemes if lexeme in stats.common]
     rare = [lexeme for lexeme in lexemes if lexeme not in stats.common]
     rarest_common = min(common, key=lambda lexeme: (stats.common[lexeme], lexeme)) if common else None
@@ -130,15 +145,20 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
                 f"WHERE m.status = 'active' AND m.search_tsv @@ %({name})s::tsquery AND {scope_sql}")
 
     ctes = []
+    fallback = ""
+    if rarest_common is not None:
+        fallback = matching([rarest_common], "fallback")
+        if rare:
+            # Planned as a one-time filter: the scan only runs when no rare lexeme matched.
+            fallback += " AND NOT EXISTS (SELECT 1 FROM rare_matches)"
+        if stats.common[rarest_common] > FALLBACK_CANDIDATES:
+            fallback = f"({fallback} LIMIT %(fallback_limit)s)"
+            params["fallback_limit"] = FALLBACK_CANDIDATES
     if rare:
         ctes.append(f"rare_matches AS MATERIALIZED ({matching(rare, 'rare')})")
-        matches = "SELECT id, search_tsv FROM rare_matches"
-        if rarest_common is not None:
-            # Planned as a one-time filter: the scan only runs when no rare lexeme matched.
-            matches += (f" UNION ALL {matching([rarest_common], 'fallback')}"
-                        f" AND NOT EXISTS (SELECT 1 FROM rare_matches)")
+        matches = "SELECT id, search_tsv FROM rare_matches" + (f" UNION ALL {fallback}" if fallback else "")
     else:
-        matches = matching([rarest_common], "fallback")
+        matches = fallback
 
     tf_columns, df_columns, score_terms = [], [], []
     for i, lexeme in enumerate(lexemes):

@@ -232,12 +232,12 @@ def test_other_endpoints_while_redis_is_down_answer_503_or_work_without_it(
 def test_memory_search_and_the_prompt_preview_work_while_redis_is_down(
     transactional_db, api_client, chat_session, on_redis
 ):
-    """Memory search and the prompt preview with Redis stopped (it caches the search's
-    BM25 statistics for a minute).
+    """Memory search and the prompt preview with Redis stopped (search reads its BM25
+    statistics from the database's counters; the prompt's history search caches its
+    common terms there).
 
-    The user sees: the same answers as with Redis (200, the memory found); the statistics
-    are computed without the cache, a little slower. Stored: nothing (a preview counts no
-    retrieval). Runs again: nothing; the cache is used again once Redis is back."""
+    The user sees: the same answers as with Redis (200, the memory found). Stored:
+    nothing (a preview counts no retrieval). Runs again: nothing."""
     kin = chat_session.kin
     added = api_client.post(f"/api/v1/kins/{kin.pk}/memories/",
                             {"content": "Maria's favourite tea is sencha.", "category": "preference"}, format="json")

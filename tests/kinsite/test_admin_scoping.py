@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from kinsite.admin_mixins import team_path
 from kinsite.models import PromptTemplate
-from memories.models import EmbeddingRun, MemoryVector, MemoryVectorScope
+from memories.models import EmbeddingRun, MemoryTermCount, MemoryVector, MemoryVectorScope
 from sessions_app.models import CompactionRun, IntrospectionRun
 from tests.abuse.support import seed_team
 from tests.factories import (
@@ -33,9 +33,9 @@ pytestmark = pytest.mark.django_db
 
 User = get_user_model()
 # Groups are permission sets of the whole installation, and re-embedding runs span every
-# team's memories, and vector scopes are trigger-kept bookkeeping with plain ids: owned by no
-# team, shown to superusers only, out of scope here.
-NOT_TEAM_OWNED = {Group, EmbeddingRun, MemoryVectorScope}
+# team's memories, and vector scopes and full-text counters are trigger-kept bookkeeping with
+# plain ids: owned by no team, shown to superusers only, out of scope here.
+NOT_TEAM_OWNED = {Group, EmbeddingRun, MemoryVectorScope, MemoryTermCount}
 ADMIN_MODELS = [model for model in admin.site._registry if model not in NOT_TEAM_OWNED]
 
 

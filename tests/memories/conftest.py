@@ -6,8 +6,8 @@ import pytest
 
 @pytest.fixture
 def private_cache(settings):
-    """A private cache per test: search caches BM25 scope statistics, and a private cache
-    keeps runs independent. Not autouse: the modules that need it say
+    """A private cache per test, so nothing cached through Django's cache (search's BM25
+    statistics were, until memories migration 0012) leaks between runs. Not autouse: the modules that need it say
     `pytestmark = pytest.mark.usefixtures("private_cache")`."""
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                                    "LOCATION": f"memories-tests-{uuid.uuid4()}"}}

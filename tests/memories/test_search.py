@@ -3,7 +3,7 @@ without reading them again, and the vector path with a fake embedder."""
 from datetime import timedelta
 
 import pytest
-from django.core.cache import cache
+from django.db import connection
 from django.utils import timezone
 
 from kinsite.llm.providers import ScriptedProvider, provider_override
@@ -160,11 +160,11 @@ def test_hits_carry_every_field_as_stored_without_reading_them_again(team, kin, 
     Memory.objects.filter(pk=hit_memory.pk).update(retrieval_count=4, last_retrieved_at=timezone.now(),
                                                     source_ref="event:12")
     shared = add(team, None, "The printer toner is in the cupboard")
-    search(team, kin, "printer")  # the scope's BM25 statistics are cached after a first search
+    search(team, kin, "printer")  # the query's lexemes are known after a first search
 
-    # PostgreSQL: the BM25 statement (query lexemes are known from the first search);
+    # PostgreSQL: the scope's counters of the query's lexemes, then the BM25 statement;
     # SQLite: the FTS5 statement. No read of the hits after ranking.
-    with django_assert_num_queries(1):
+    with django_assert_num_queries(2 if connection.vendor == "postgresql" else 1):
         hits = {hit.memory.pk: hit.memory for hit in search(team, kin, "printer")}
 
     assert set(hits) == {hit_memory.pk, shared.pk}
@@ -221,9 +221,9 @@ def test_failing_query_embedder_falls_back_to_text(team, kin):
 def test_query_count_is_bounded_and_does_not_grow_with_memories(team, kin, django_assert_max_num_queries):
     for n in range(3):
         add(team, kin, f"Invoice {n} for the cluster upgrade")
-    search(team, kin, "invoice cluster")  # fills the cached scope statistics
+    search(team, kin, "invoice cluster")
     MemoryFactory.create_batch(30, team=team, kin=kin, content="Invoice for the cluster")
-    # SQLite: search + rows; PostgreSQL: lexemes + search + rows.
+    # SQLite: search + rows; PostgreSQL: lexemes (known here) + the scope's counters + search.
     with django_assert_max_num_queries(3):
         assert search(team, kin, "invoice cluster")
 
@@ -240,7 +240,6 @@ def common_terms(monkeypatch):
     def switch(on: bool):
         monkeypatch.setattr(postgres, "COMMON_TERM_MIN_DOCS", 3 if on else 10**9)
         monkeypatch.setattr(postgres, "COMMON_TERM_SHARE", 0.3)
-        cache.clear()  # the common lexemes are part of the cached scope statistics
 
     return switch
 
@@ -337,3 +336,30 @@ def test_query_lexemes_are_read_once_per_term_and_match_the_whole_query(db, monk
     assert len(postgres._term_lexemes) <= 8
     with django_assert_num_queries(1):  # PostgreSQL's stop words: no lexeme
         assert postgres._query_lexemes(query_terms("don t s")) == [] == expected["don t s"]
+
+
+@pytest.mark.postgres
+def test_query_of_common_terms_only_reads_a_bounded_number_of_memories(team, kin, common_terms, monkeypatch):
+    from memories.search import postgres
+
+    add_common(team, kin)  # "updates" in 4 memories, "prefers" in 5
+    common_terms(True)
+    assert len(search(team, kin, "prefers updates")) == 4
+    monkeypatch.setattr(postgres, "FALLBACK_CANDIDATES", 2)
+    hits = search(team, kin, "prefers updates")
+    assert len(hits) == 2 and all("updates" in hit.memory.content for hit in hits)
+    # A rare term that matches nothing falls back to the same bounded read.
+    assert len(search(team, kin, "zebra updates")) == 2
+
+
+@pytest.mark.postgres
+def test_a_lexeme_in_common_term_max_docs_memories_is_common_in_any_scope(team, kin, monkeypatch):
+    from memories.search import postgres
+
+    add_common(team, kin)  # 10 memories: "prefers" in 5, "updates" in 4, "roadmap" in 4
+    monkeypatch.setattr(postgres, "COMMON_TERM_MIN_DOCS", 2)
+    monkeypatch.setattr(postgres, "COMMON_TERM_SHARE", 0.9)  # by share alone: 9 of 10
+    params = {"team": team.pk, "kin": kin.pk}
+    assert postgres.scope_stats(params, True, ["prefer", "updat"]).common == {}
+    monkeypatch.setattr(postgres, "COMMON_TERM_MAX_DOCS", 5)
+    assert postgres.scope_stats(params, True, ["prefer", "updat"]).common == {"prefer": 5}

@@ -91,9 +91,13 @@ def test_turn_and_preview_queries_do_not_grow_with_history_or_memories(team, fak
     # scopes' generations; inside a transaction that has written (as tests run) nothing is
     # cached, so each search also reads the scopes' vectors: one more read per search
     # (36 and 6). With the cache warm a search reads only the generations: one read, as the
-    # capped scan was (tests/memories/test_vector_scan.py).
-    assert turn_counts[0] <= 36, turn_counts
-    assert preview_counts[0] <= 6, preview_counts
+    # capped scan was (tests/memories/test_vector_scan.py). 2026-12-05: on PostgreSQL each
+    # memory search (the turn makes two: the prompt's and the recall tool's) reads its
+    # scope's counters of the query's lexemes (memories migration 0012), instead of a
+    # cached recount of the whole scope every minute, which grew with the memories.
+    per_search = 1 if connection.vendor == "postgresql" else 0
+    assert turn_counts[0] <= 36 + 2 * per_search, turn_counts
+    assert preview_counts[0] <= 6 + per_search, preview_counts
 
 
 def test_the_preview_api_reads_the_same_fixed_number_of_times(team, api_client):
@@ -113,5 +117,6 @@ def test_the_preview_api_reads_the_same_fixed_number_of_times(team, api_client):
     counts = [queries_of(get(s), s) for s in (small, both)]
     assert counts[0] == counts[1], counts
     # 7 on both databases (2026-12-03; 9 on PostgreSQL before); 8 since vector search reads
-    # its scopes' generations (2026-12-04: see the test above).
-    assert counts[0] <= 8, counts
+    # its scopes' generations (2026-12-04: see the test above); on PostgreSQL one more since
+    # memory search reads its scope's counters (2026-12-05: see the test above).
+    assert counts[0] <= 8 + (1 if connection.vendor == "postgresql" else 0), counts

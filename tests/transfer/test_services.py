@@ -22,7 +22,7 @@ from transfer.services import DocumentInvalid, kin_import
 
 @pytest.fixture(autouse=True)
 def private_cache(settings):
-    # Memory search caches per-scope statistics; a private cache keeps tests independent.
+    # A private cache keeps tests independent of anything cached through Django's cache.
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                                    "LOCATION": f"transfer-tests-{uuid.uuid4()}"}}
 

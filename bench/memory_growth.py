@@ -1,0 +1,257 @@
+"""Memory-search growth benchmark (PostgreSQL): lexical search p95 at 10,000 memories
+against 1,000,000 in one team, by query kind, timed interleaved in one run. See
+bench/README.md, "Memory search at 1,000,000 memories".
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/kinsite python bench/memory_growth.py
+
+Two throwaway databases, one per layout, so the small team's search does not read a
+table (or GIN posting lists) a million memories long:
+- small: 10 kins x 990 memories + 100 team-shared = 10,000;
+- large: 90 kins x 9,900 + one "big" kin of 100,000 + 9,000 team-shared = 1,000,000.
+A search is a kin's own memories plus the team's shared ones (memories.search.scope_sql),
+so a regular kin of the large team searches ~19,000 memories and the big kin ~109,000.
+
+The corpus is bench/synthetic.py's sentences (a ~120-word Zipf vocabulary: every word of
+it is "common" at scale) plus, on a third of the memories, a reference drawn from 200,000
+made-up codes, so rare words exist. Query kinds: rare (a sentence with a code), common
+(a sentence of the vocabulary only), names (one or two people), one_word (a common
+topic), many_words (a 30-60-word message). The searches of both layouts alternate in
+random order (one open connection per database), so both see the same machine. Memories are loaded with COPY,
+the search indexes built after the load, then VACUUM ANALYZE; both databases are dropped.
+"""
+import argparse
+import random
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    MachineWatch,
+    ThrowawayDatabase,
+    database_version,
+    latency_summary,
+    machine_state_line,
+    write_results,
+)
+from bench.synthetic import CATEGORIES, PEOPLE, TOPICS, message_text, sentence  # noqa: E402
+
+KINDS = ("rare", "common", "names", "one_word", "many_words")
+LAYOUTS = {
+    # name: (regular kins, memories per regular kin, big kin's memories, shared memories)
+    "10k": (10, 990, 0, 100),
+    "1m": (90, 9_900, 100_000, 9_000),
+}
+RARE_CODES = 200_000
+SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pu", "da", "fe", "gi", "ho", "ju"]
+
+
+def rare_code(index: int) -> str:
+    """A made-up word per index (base-15 syllables): 'kalomi', 'rutisa', ..."""
+    parts = []
+    for _ in range(5):
+        index, digit = divmod(index, len(SYLLABLES))
+        parts.append(SYLLABLES[digit])
+    return "".join(parts) + "x"
+
+
+def memory_text(rng: random.Random) -> str:
+    text = sentence(rng)
+    if rng.random() < 1 / 3:
+        text += f", ref {rare_code(rng.randrange(RARE_CODES))}"
+    return text
+
+
+def query_text(rng: random.Random, kind: str) -> str:
+    if kind == "rare":
+        return f"what about {rare_code(rng.randrange(RARE_CODES))} and the {rng.choice(TOPICS)}"
+    if kind == "common":
+        return sentence(rng)
+    if kind == "names":
+        return " and ".join(rng.sample(PEOPLE, rng.randint(1, 2)))
+    if kind == "one_word":
+        return rng.choice(TOPICS[:20])
+    return message_text(rng, min_words=30, max_words=60)
+
+
+def load(*, layout: tuple[int, int, int, int], seed: int, id_offset: int) -> dict:
+    """The layout's team, kins and memories in the current database, by COPY, the search
+    indexes dropped during the load and built after it. Ids start at id_offset so the two
+    databases' teams and kins never share an id: no per-process cache keyed by ids (the
+    vector caches) mixes the two."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from kinsite.services import team_create
+    from sessions_app.services import kin_create
+
+    regular, per_kin, big, shared = layout
+    from kinsite.models import Kin, Team
+
+    with connection.cursor() as cursor:
+        for table in (Team._meta.db_table, Kin._meta.db_table):
+            cursor.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), {id_offset})")
+    team = team_create(name="Growth team", slug=f"growth{id_offset}")
+    kins = [kin_create(team=team, name=f"Kin {n}") for n in range(regular)]
+    big_kin = kin_create(team=team, name="Big kin") if big else None
+    rng = random.Random(seed)
+    now = timezone.now()
+    started = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories_memory' "
+                       "AND indexdef ILIKE '%%gin%%'")
+        gin_indexes = cursor.fetchall()
+        for name, _ in gin_indexes:
+            cursor.execute(f"DROP INDEX {name}")
+        # The vector trigger (a row trigger) keeps vector generations; the benchmark has no
+        # vectors. The full-text counters' statement trigger stays: it counts the COPY at once.
+        cursor.execute("ALTER TABLE memories_memory DISABLE TRIGGER memories_memory_vector_seq")
+        columns = ("team_id, kin_id, category, content, subject, importance, status, source, source_ref, "
+                   "retrieval_count, embedding_model, vector_seq, created_at, updated_at")
+        owners = [(kin.pk, per_kin) for kin in kins] + ([(big_kin.pk, big)] if big_kin else []) + [(None, shared)]
+        # The kins' memories interleave in the heap and the indexes, as written over time
+        # by kins that are all active (a load kin by kin would keep each kin's rows together).
+        owner_of_row = [kin_id for kin_id, count in owners for _ in range(count)]
+        rng.shuffle(owner_of_row)
+        with cursor.copy(f"COPY memories_memory ({columns}) FROM STDIN") as copy:
+            for kin_id in owner_of_row:
+                moment = now - timedelta(days=rng.randint(0, 365), seconds=rng.randint(0, 86_400))
+                copy.write_row((team.pk, kin_id, rng.choice(CATEGORIES), memory_text(rng), rng.choice(PEOPLE),
+                                rng.randint(1, 10), "active", "api", "", 0, "", 0, moment, moment))
+        copy_seconds = time.monotonic() - started
+        cursor.execute("ALTER TABLE memories_memory ENABLE TRIGGER memories_memory_vector_seq")
+        cursor.execute("SET maintenance_work_mem = '256MB'")
+        for _, definition in gin_indexes:
+            cursor.execute(definition)
+        index_seconds = time.monotonic() - started - copy_seconds
+        cursor.execute("VACUUM ANALYZE memories_memory")
+    return {"team": team, "kins": kins, "big_kin": big_kin, "memories": sum(count for _, count in owners),
+            "copy_seconds": round(copy_seconds, 1), "index_seconds": round(index_seconds, 1),
+            "load_seconds": round(time.monotonic() - started, 1)}
+
+
+def use_database(name: str) -> None:
+    """Point the default connection at another database (the next query reconnects)."""
+    from django.db import connection
+
+    connection.close()
+    connection.settings_dict["NAME"] = name
+
+
+def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int) -> dict:
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connection
+
+    from memories.search import memory_search
+
+    loaded = {}
+    for offset, (layout, database) in enumerate(databases.items()):
+        use_database(database)
+        call_command("migrate", verbosity=0)
+        loaded[layout] = load(layout=LAYOUTS[layout], seed=seed + offset, id_offset=(offset + 1) * 1000)
+        print(f"  loaded {layout}: {loaded[layout]['memories']:,} memories in {loaded[layout]['load_seconds']} s "
+              f"(COPY {loaded[layout]['copy_seconds']} s, GIN indexes {loaded[layout]['index_seconds']} s)",
+              flush=True)
+    version = database_version(connection)
+    rng = random.Random(seed + 99)
+    # One open connection per database; the default alias is pointed at one or the other
+    # before each search, so searches of both layouts alternate in random order and see
+    # the same machine (this 2-core machine's speed swings within minutes).
+    from django.db import connections
+
+    base = connections["default"]
+    wrappers = {layout: base.__class__({**base.settings_dict, "NAME": database}, alias="default")
+                for layout, database in databases.items()}
+    tasks = []  # (layout, "regular" | "big", kins, kind), per_kind of each per round
+    for layout in databases:
+        data = loaded[layout]
+        groups = [("regular", data["kins"])] + ([("big", [data["big_kin"]])] if data["big_kin"] else [])
+        tasks += [(layout, group, kins, kind) for group, kins in groups for kind in KINDS] * per_kind
+    for layout, wrapper in wrappers.items():  # untimed: each connection's catalog caches and plans
+        connections["default"] = wrapper
+        memory_search(team=loaded[layout]["team"], kin=loaded[layout]["kins"][0], query="warm up",
+                      limit=settings.MEMORY_TOP_K)
+    latencies: dict[tuple[str, str], dict[str, list[float]]] = {}
+    hit_counts: list[int] = []
+    with MachineWatch() as machine:
+        for _ in range(rounds):
+            rng.shuffle(tasks)
+            for layout, group, kins, kind in tasks:
+                connections["default"] = wrappers[layout]
+                kin, text = rng.choice(kins), query_text(rng, kind)
+                started = time.perf_counter()
+                hits = memory_search(team=loaded[layout]["team"], kin=kin, query=text, limit=settings.MEMORY_TOP_K)
+                elapsed = (time.perf_counter() - started) * 1000
+                latencies.setdefault((layout, group), {}).setdefault(kind, []).append(elapsed)
+                hit_counts.append(len(hits))
+    for wrapper in wrappers.values():
+        wrapper.close()
+    connections["default"] = base
+    figures = {}
+    for (layout, group), by_kind in sorted(latencies.items(), key=lambda item: (list(databases).index(item[0][0]),
+                                                                               item[0][1] != "regular")):
+        every = [value for values in by_kind.values() for value in values]
+        figures[f"{layout}_{group}"] = {"all": latency_summary(every),
+                                        **{kind: latency_summary(values) for kind, values in by_kind.items()}}
+    return {
+        "database_version": version,
+        "layouts": {name: {"regular_kins": LAYOUTS[name][0], "per_regular_kin": LAYOUTS[name][1],
+                           "big_kin": LAYOUTS[name][2], "shared": LAYOUTS[name][3],
+                           "memories": loaded[name]["memories"], "load_seconds": loaded[name]["load_seconds"],
+                           "copy_seconds": loaded[name]["copy_seconds"],
+                           "index_seconds": loaded[name]["index_seconds"]} for name in databases},
+        "rounds": rounds,
+        "per_kind_per_round": per_kind,
+        "top_k": settings.MEMORY_TOP_K,
+        "mean_hits": round(sum(hit_counts) / len(hit_counts), 2),
+        "search": figures,
+        "machine_state": machine.figures,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10, help="rounds, each timing both layouts in turn")
+    parser.add_argument("--per-kind", type=int, default=10, help="searches per query kind, kin group and round")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every layout's memory counts (smoke runs)")
+    parser.add_argument("--database", default="kinsite_bench_growth",
+                        help="prefix of the two throwaway databases (<prefix>_10k, <prefix>_1m)")
+    args = parser.parse_args(argv)
+    if not args.database.isidentifier():
+        parser.error(f"--database must be a plain name, not {args.database!r}")
+    for name, (regular, per_kin, big, shared) in LAYOUTS.items():
+        LAYOUTS[name] = (regular, int(per_kin * args.scale), int(big * args.scale), int(shared * args.scale))
+    databases = {layout: f"{args.database}_{layout}" for layout in LAYOUTS}
+    small, large = (ThrowawayDatabase(name) for name in databases.values())
+    with small, large:
+        if small.admin_params is None:
+            raise SystemExit("bench/memory_growth.py needs PostgreSQL (DATABASE_URL)")
+        import django
+
+        django.setup()
+        from django.db import connection
+
+        figures = run(databases=databases, rounds=args.rounds, per_kind=args.per_kind, seed=args.seed)
+        vendor = connection.vendor
+    print(f"memory search growth — {figures['database_version']}, lexical, top {figures['top_k']}, "
+          f"{figures['rounds']} interleaved rounds, mean hits {figures['mean_hits']}")
+    for name, layout in figures["layouts"].items():
+        big = f" + a kin of {layout['big_kin']:,}" if layout["big_kin"] else ""
+        print(f"  {name}: {layout['memories']:,} memories ({layout['regular_kins']} kins x "
+              f"{layout['per_regular_kin']:,}{big} + {layout['shared']:,} shared), "
+              f"loaded in {layout['load_seconds']} s")
+    print(f"  {'p50 / p95 ms':<14}" + "".join(f"{kind:>16}" for kind in ("all", *KINDS)))
+    for group, by_kind in figures["search"].items():
+        print(f"  {group:<14}" + "".join(f"{by_kind[kind]['p50_ms']:>8} / {by_kind[kind]['p95_ms']:<5}"
+                                         for kind in ("all", *KINDS)))
+    print("  " + machine_state_line(figures["machine_state"]))
+    print(f"wrote {write_results('memory_growth', vendor, figures)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
