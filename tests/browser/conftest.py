@@ -1,6 +1,8 @@
 """Browser fixtures: one headless Debian Chromium per test run (Playwright's
 sync API), a fresh page per test, and a page already logged in to a team."""
 import os
+import threading
+import time
 
 import pytest
 from playwright.sync_api import sync_playwright
@@ -42,6 +44,18 @@ def page(browser, live_server):
     page = context.new_page()
     yield page
     context.close()
+    live_server_requests_ended()
+
+
+def live_server_requests_ended(timeout: float = 10.0) -> None:
+    """Waits (up to `timeout` seconds) for the live server's request threads to end. A request
+    the page started just before the test ended (an htmx refresh after a streamed turn, say)
+    can still be reading when the test database is emptied; with SQLite's shared in-memory
+    database that read makes the teardown's DELETE fail ("database table is locked")."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name.endswith("(process_request_thread)"):
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def log_in(page, *, username: str, password: str) -> None:
