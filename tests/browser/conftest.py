@@ -48,13 +48,14 @@ def page(browser, live_server):
 
 
 def live_server_requests_ended(timeout: float = 10.0) -> None:
-    """Waits (up to `timeout` seconds) for the live server's request threads to end. A request
-    the page started just before the test ended (an htmx refresh after a streamed turn, say)
-    can still be reading when the test database is emptied; with SQLite's shared in-memory
-    database that read makes the teardown's DELETE fail ("database table is locked")."""
+    """Waits (up to `timeout` seconds) for the live server's request threads, and the streamed
+    turns they started, to end. A request the page started just before the test ended (an htmx
+    refresh after a streamed turn, say) can still be reading when the test database is emptied;
+    with SQLite's shared in-memory database that read makes the teardown's DELETE fail
+    ("database table is locked")."""
     deadline = time.monotonic() + timeout
     for thread in threading.enumerate():
-        if thread.name.endswith("(process_request_thread)"):
+        if thread.name.endswith("(process_request_thread)") or thread.name.startswith("turn-stream-"):
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
