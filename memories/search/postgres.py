@@ -136,8 +136,8 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
     common = [lexeme for lexeme in lexemes if lexeme in stats.common]
     rare = [lexeme for lexeme in lexemes if lexeme not in stats.common]
     rarest_common = min(common, key=lambda lexeme: (stats.common[lexeme], lexeme)) if common else None
-    params = {**params, "subject_weight": SUBJECT_WEIGHT, "n": stats.count, "avg_length": stats.avg_length,
-              "k1": BM25_K1, "b": BM25_B, "limit": limit}
+    params = {**params, "subject_weight": SUBJECT_WEIGHT, "n": stats.count, "k1": BM25_K1, "b": BM25_B,
+              "limit": limit}
 
     def matching(lexemes_of_tsquery: list[str], name: str) -> str:
         params[name] = " | ".join(_tsquery_literal(lexeme) for lexeme in lexemes_of_tsquery)
@@ -160,7 +160,7 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
     else:
         matches = fallback
 
-    tf_columns, df_columns, score_terms = [], [], []
+    tf_columns, df_columns, idf_columns, score_terms = [], [], [], []
     for i, lexeme in enumerate(lexemes):
         params[f"any{i}"] = _tsquery_literal(lexeme)
         params[f"content{i}"] = _tsquery_literal(lexeme) + ":A"
@@ -169,27 +169,33 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
             f"THEN 1.0::float8 ELSE %(subject_weight)s::float8 END ELSE 0.0::float8 END AS tf{i}"
         )
         if lexeme in stats.common:
-            params[f"idf{i}"] = bm25_idf(count=stats.count, df=stats.common[lexeme])
-            idf = f"%(idf{i})s::float8"
+            params[f"df{i}"] = float(stats.common[lexeme])
+            df_columns.append(f"%(df{i})s::float8 AS df{i}")
         else:
-            # The idf is computed once, with the document frequency, not per candidate.
-            df = f"count(*) FILTER (WHERE tf{i} > 0)::float8"
-            df_columns.append(f"ln(1.0::float8 + (greatest(%(n)s::float8, {df}) - {df} + 0.5::float8)"
-                              f" / ({df} + 0.5::float8)) AS idf{i}")
-            idf = f"d.idf{i}"
-        score_terms.append(f"{idf} * c.tf{i} * (%(k1)s::float8 + 1.0::float8) / (c.tf{i} + c.norm)")
+            # Counted once among the candidates (every memory matching a rare lexeme is one).
+            df_columns.append(f"count(*) FILTER (WHERE tf{i} > 0)::float8 AS df{i}")
+        idf_columns.append(f"ln(1.0::float8 + (greatest(f.n, f.df{i}) - f.df{i} + 0.5::float8)"
+                           f" / (f.df{i} + 0.5::float8)) AS idf{i}")
+        score_terms.append(f"w.idf{i} * c.tf{i} * (%(k1)s::float8 + 1.0::float8) / (c.tf{i} + %(k1)s::float8"
+                           f" * (1.0::float8 - %(b)s::float8 + %(b)s::float8 * c.length / w.avg_length))")
     ctes.append(f"""candidates AS MATERIALIZED (
-            SELECT c.id,
-                   %(k1)s::float8 * (1.0::float8 - %(b)s::float8
-                       + %(b)s::float8 * length(c.search_tsv)::float8 / %(avg_length)s::float8) AS norm,
-                   {", ".join(tf_columns)}
+            SELECT c.id, length(c.search_tsv)::float8 AS length, {", ".join(tf_columns)}
             FROM ({matches}) c
         )""")
-    if df_columns:
-        ctes.append(f"document_frequency AS (SELECT {', '.join(df_columns)} FROM candidates)")
+    # BM25's collection is the memories that match a query lexeme, not the whole scope
+    # (query_statistics): N is at most the sum of the lexemes' document frequencies, and the
+    # average length is the candidates'. Both materialized: one row, computed once.
+    ctes.append(f"""frequencies AS MATERIALIZED (
+            SELECT avg(length) AS avg_length, {", ".join(df_columns)} FROM candidates
+        )""")
+    ctes.append(f"""weights AS MATERIALIZED (
+            SELECT greatest(coalesce(f.avg_length, 1.0::float8), 1.0::float8) AS avg_length, {", ".join(idf_columns)}
+            FROM (SELECT *, least(%(n)s::float8, {" + ".join(f"df{i}" for i in range(len(lexemes)))}) AS n
+                  FROM frequencies) f
+        )""")
     ctes.append(f"""best AS (
             SELECT c.id, {" + ".join(score_terms)} AS score
-            FROM candidates c {"CROSS JOIN document_frequency d" if df_columns else ""}
+            FROM candidates c CROSS JOIN weights w
             ORDER BY score DESC, c.id
             LIMIT %(limit)s
         )""")
