@@ -374,7 +374,6 @@ def add_unrelated(team, kin, count):
                                 for n in range(count)])
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize("unrelated", [0, 1000])
 def test_memories_sharing_no_query_word_do_not_change_the_ranking(team, kin, unrelated):
     # The rare word's one memory is long; twenty short ones only name the person. Over the
