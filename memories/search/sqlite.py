@@ -4,8 +4,7 @@ from django.db import connection
 
 from kinsite.rawsql import aware_datetime
 from kinsite.textsearch import fts5_match_expression
-from memories.search.candidates import SUBJECT_WEIGHT, TextMatch, hit_columns_sql
-from memories.search.postgres import BM25_B, BM25_K1
+from memories.search.candidates import BM25_B, BM25_K1, SUBJECT_WEIGHT, TextMatch, hit_columns_sql
 
 
 def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> list[TextMatch]:
@@ -17,8 +16,9 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
     of the terms' document frequencies, the average length the candidates'.
 
     Term frequency is 1 for a match in the content and SUBJECT_WEIGHT for one in the
-    subject only (as postgres.text_scores), each tested by a one-row FTS5 lookup per
-    candidate. Length is in characters: FTS5 gives no token count outside its auxiliary
+    subject only (as postgres.text_scores): each term's matches in each column are read
+    once (an FTS5 lookup per candidate re-read the term's postings every time: 150 ms a
+    search at 600 memories). Length is in characters: FTS5 gives no token count outside its auxiliary
     functions, and BM25 only uses it relative to the average."""
     params = {**params, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT,
               "k1": BM25_K1, "b": BM25_B, "limit": limit}
@@ -27,10 +27,9 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
         params[f"content{i}"] = "content : " + fts5_match_expression([term])
         params[f"subject{i}"] = "subject : " + fts5_match_expression([term])
         tf_columns.append(
-            f"CASE WHEN EXISTS (SELECT 1 FROM memories_memory_fts WHERE memories_memory_fts MATCH %(content{i})s"
-            f" AND rowid = m.id) THEN 1.0"
-            f" WHEN EXISTS (SELECT 1 FROM memories_memory_fts WHERE memories_memory_fts MATCH %(subject{i})s"
-            f" AND rowid = m.id) THEN %(subject_weight)s ELSE 0.0 END AS tf{i}"
+            f"CASE WHEN m.id IN (SELECT rowid FROM memories_memory_fts WHERE memories_memory_fts MATCH %(content{i})s)"
+            f" THEN 1.0 WHEN m.id IN (SELECT rowid FROM memories_memory_fts"
+            f" WHERE memories_memory_fts MATCH %(subject{i})s) THEN %(subject_weight)s ELSE 0.0 END AS tf{i}"
         )
         df_columns.append(f"sum(tf{i} > 0) AS df{i}")
         idf_columns.append(f"ln(1.0 + (f.n - f.df{i} + 0.5) / (f.df{i} + 0.5)) AS idf{i}")
