@@ -177,8 +177,7 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
             df_columns.append(f"count(*) FILTER (WHERE tf{i} > 0)::float8 AS df{i}")
         idf_columns.append(f"ln(1.0::float8 + (greatest(f.n, f.df{i}) - f.df{i} + 0.5::float8)"
                            f" / (f.df{i} + 0.5::float8)) AS idf{i}")
-        score_terms.append(f"w.idf{i} * c.tf{i} * (%(k1)s::float8 + 1.0::float8) / (c.tf{i} + %(k1)s::float8"
-                           f" * (1.0::float8 - %(b)s::float8 + %(b)s::float8 * c.length / w.avg_length))")
+        score_terms.append(f"s.idf{i} * s.tf{i} * (%(k1)s::float8 + 1.0::float8) / (s.tf{i} + s.norm)")
     ctes.append(f"""candidates AS MATERIALIZED (
             SELECT c.id, length(c.search_tsv)::float8 AS length, {", ".join(tf_columns)}
             FROM ({matches}) c
@@ -195,9 +194,12 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
                   FROM frequencies) f
         )""")
     ctes.append(f"""best AS (
-            SELECT c.id, {" + ".join(score_terms)} AS score
-            FROM candidates c CROSS JOIN weights w
-            ORDER BY score DESC, c.id
+            SELECT s.id, {" + ".join(score_terms)} AS score
+            FROM (SELECT c.*, w.*, %(k1)s::float8 * (1.0::float8 - %(b)s::float8
+                         + %(b)s::float8 * c.length / w.avg_length) AS norm
+                  FROM candidates c CROSS JOIN weights w
+                  OFFSET 0) s  -- not flattened: the length norm is computed once per candidate, not per lexeme
+            ORDER BY score DESC, s.id
             LIMIT %(limit)s
         )""")
     # For ranking, updated_at travels as epoch seconds: loading timestamptz through
