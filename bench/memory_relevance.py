@@ -5,6 +5,7 @@ counts for a grid of common-term settings (memories.search.postgres.COMMON_TERM_
 COMMON_TERM_MIN_DOCS) against an exhaustive baseline. See bench/README.md.
 
     python bench/memory_relevance.py                 # SQLite (a temp file): default setting only
+    ... bench/memory_relevance.py --filler 0,10000,50000   # recall as the kins grow (by_filler in the JSON)
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/kinsite python bench/memory_relevance.py
     ... bench/memory_relevance.py --embeddings http://127.0.0.1:8765/v1   # + MiniLM: hybrid vs lexical
 
