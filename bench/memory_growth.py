@@ -140,12 +140,24 @@ def use_database(name: str) -> None:
     connection.settings_dict["NAME"] = name
 
 
-def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int) -> dict:
+def load_baseline(path: Path):
+    """A text_scores to time against the current one: memories/search/postgres.py of
+    another version (e.g. `git show main:memories/search/postgres.py > /tmp/before.py`),
+    loaded as a module of its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("baseline_postgres", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.text_scores
+
+
+def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int, baseline: Path | None = None) -> dict:
     from django.conf import settings
     from django.core.management import call_command
     from django.db import connection
 
-    from memories.search import memory_search
+    from memories.search import memory_search, postgres
 
     loaded = {}
     for offset, (layout, database) in enumerate(databases.items()):
@@ -170,6 +182,11 @@ def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int) -> 
         data = loaded[layout]
         groups = [("regular", data["kins"])] + ([("big", [data["big_kin"]])] if data["big_kin"] else [])
         tasks += [(layout, group, kins, kind) for group, kins in groups for kind in KINDS] * per_kind
+    # With a baseline, every search is also made by the baseline's text_scores, in the same
+    # shuffled order, so both versions see the same machine.
+    current = postgres.text_scores
+    versions = {"": current, " (baseline)": load_baseline(baseline)} if baseline else {"": current}
+    tasks = [(layout + suffix, group, kins, kind) for layout, group, kins, kind in tasks for suffix in versions]
     for layout, wrapper in wrappers.items():  # untimed: each connection's catalog caches and plans
         connections["default"] = wrapper
         memory_search(team=loaded[layout]["team"], kin=loaded[layout]["kins"][0], query="warm up",
@@ -179,22 +196,29 @@ def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int) -> 
     with MachineWatch() as machine:
         for _ in range(rounds):
             rng.shuffle(tasks)
-            for layout, group, kins, kind in tasks:
+            for name, group, kins, kind in tasks:
+                layout, suffix = name.split(" ")[0], name[len(name.split(" ")[0]):]
                 connections["default"] = wrappers[layout]
+                postgres.text_scores = versions[suffix]
                 kin, text = rng.choice(kins), query_text(rng, kind)
                 started = time.perf_counter()
-                hits = memory_search(team=loaded[layout]["team"], kin=kin, query=text, limit=settings.MEMORY_TOP_K)
+                try:
+                    hits = memory_search(team=loaded[layout]["team"], kin=kin, query=text,
+                                         limit=settings.MEMORY_TOP_K)
+                finally:
+                    postgres.text_scores = current
                 elapsed = (time.perf_counter() - started) * 1000
-                latencies.setdefault((layout, group), {}).setdefault(kind, []).append(elapsed)
+                latencies.setdefault((name, group), {}).setdefault(kind, []).append(elapsed)
                 hit_counts.append(len(hits))
     for wrapper in wrappers.values():
         wrapper.close()
     connections["default"] = base
     figures = {}
-    for (layout, group), by_kind in sorted(latencies.items(), key=lambda item: (list(databases).index(item[0][0]),
-                                                                               item[0][1] != "regular")):
+    for (layout, group), by_kind in sorted(latencies.items(), key=lambda item: (
+            list(databases).index(item[0][0].split(" ")[0]), item[0][1] != "regular", item[0][0])):
         every = [value for values in by_kind.values() for value in values]
-        figures[f"{layout}_{group}"] = {"all": latency_summary(every),
+        name, _, suffix = layout.partition(" ")
+        figures[f"{name}_{group}" + (f" {suffix}" if suffix else "")] = {"all": latency_summary(every),
                                         **{kind: latency_summary(values) for kind, values in by_kind.items()}}
     return {
         "database_version": version,
@@ -203,6 +227,7 @@ def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int) -> 
                            "memories": loaded[name]["memories"], "load_seconds": loaded[name]["load_seconds"],
                            "copy_seconds": loaded[name]["copy_seconds"],
                            "index_seconds": loaded[name]["index_seconds"]} for name in databases},
+        "baseline": str(baseline) if baseline else None,
         "rounds": rounds,
         "per_kind_per_round": per_kind,
         "top_k": settings.MEMORY_TOP_K,
@@ -218,6 +243,9 @@ def main(argv=None) -> int:
     parser.add_argument("--per-kind", type=int, default=10, help="searches per query kind, kin group and round")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every layout's memory counts (smoke runs)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a memories/search/postgres.py of another version: its text_scores is timed too, "
+                             "interleaved with the current one")
     parser.add_argument("--database", default="kinsite_bench_growth",
                         help="prefix of the two throwaway databases (<prefix>_10k, <prefix>_1m)")
     args = parser.parse_args(argv)
@@ -235,7 +263,8 @@ def main(argv=None) -> int:
         django.setup()
         from django.db import connection
 
-        figures = run(databases=databases, rounds=args.rounds, per_kind=args.per_kind, seed=args.seed)
+        figures = run(databases=databases, rounds=args.rounds, per_kind=args.per_kind, seed=args.seed,
+                      baseline=args.baseline.resolve() if args.baseline else None)
         vendor = connection.vendor
     print(f"memory search growth — {figures['database_version']}, lexical, top {figures['top_k']}, "
           f"{figures['rounds']} interleaved rounds, mean hits {figures['mean_hits']}")
@@ -244,9 +273,9 @@ def main(argv=None) -> int:
         print(f"  {name}: {layout['memories']:,} memories ({layout['regular_kins']} kins x "
               f"{layout['per_regular_kin']:,}{big} + {layout['shared']:,} shared), "
               f"loaded in {layout['load_seconds']} s")
-    print(f"  {'p50 / p95 ms':<14}" + "".join(f"{kind:>16}" for kind in ("all", *KINDS)))
+    print(f"  {'p50 / p95 ms':<25}" + "".join(f"{kind:>16}" for kind in ("all", *KINDS)))
     for group, by_kind in figures["search"].items():
-        print(f"  {group:<14}" + "".join(f"{by_kind[kind]['p50_ms']:>8} / {by_kind[kind]['p95_ms']:<5}"
+        print(f"  {group:<25}" + "".join(f"{by_kind[kind]['p50_ms']:>8} / {by_kind[kind]['p95_ms']:<5}"
                                          for kind in ("all", *KINDS)))
     print("  " + machine_state_line(figures["machine_state"]))
     print(f"wrote {write_results('memory_growth', vendor, figures)}")

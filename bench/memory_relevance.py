@@ -5,6 +5,7 @@ counts for a grid of common-term settings (memories.search.postgres.COMMON_TERM_
 COMMON_TERM_MIN_DOCS) against an exhaustive baseline. See bench/README.md.
 
     python bench/memory_relevance.py                 # SQLite (a temp file): default setting only
+    ... bench/memory_relevance.py --filler 0,10000,50000   # recall as the kins grow (by_filler in the JSON)
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/kinsite python bench/memory_relevance.py
     ... bench/memory_relevance.py --embeddings http://127.0.0.1:8765/v1   # + MiniLM: hybrid vs lexical
 
@@ -54,6 +55,8 @@ DEFAULT_SHARES = (0.05, 0.02, 0.01, 0.005)
 DEFAULT_MIN_DOCS = (250, 100)
 # Nothing is ever common: every memory matching any query lexeme is a candidate.
 EXHAUSTIVE = {"share": 1.01, "min_docs": 10**9}
+# memory_search ranks the best max(limit * 5, 50) BM25 candidates (limit 10 here).
+BM25_LIST = 50
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -77,9 +80,8 @@ def questions_of(conversation: dict, dia_ids: set[str], per_conversation: int | 
     return kept[:per_conversation] if per_conversation is not None else kept, skipped
 
 
-def load_conversation(*, team, conversation_id: str, conversation: dict, filler: int, rng: random.Random):
-    """One kin holding the conversation's turns as memories plus `filler` synthetic ones.
-    Returns (kin, {dia_id: memory id})."""
+def load_conversation(*, team, conversation_id: str, conversation: dict):
+    """One kin holding the conversation's turns as memories. Returns (kin, {dia_id: memory id})."""
     from memories.models import Memory
     from sessions_app.services import kin_create
 
@@ -91,29 +93,45 @@ def load_conversation(*, team, conversation_id: str, conversation: dict, filler:
                source_ref=turn["external_id"])
         for turn in turns
     ]
-    filler_rows = [
-        Memory(team=team, kin=kin, category=CATEGORY, importance=IMPORTANCE, source="api",
-               content=sentence(rng), subject=rng.choice(PEOPLE))
-        for _ in range(filler)
-    ]
     # Rows go in directly, as in bench/synthetic.py: the services' duplicate check is slow
     # at this size and would merge short turns ("Thanks!") into one memory.
-    Memory.objects.bulk_create(turn_rows + filler_rows, batch_size=2000)
-
-    # bulk_create stamps updated_at (auto_now) with the present; bulk_update and update()
-    # do not, so the real dates go in afterwards. Turns: their LoCoMo time. Filler: the
-    # start of a random session of the same conversation, so it is neither newer nor older.
+    Memory.objects.bulk_create(turn_rows, batch_size=2000)
+    # bulk_create stamps updated_at (auto_now) with the present; bulk_update does not, so
+    # the turns' LoCoMo times go in afterwards.
     for row, turn in zip(turn_rows, turns, strict=True):
         row.updated_at = datetime.fromisoformat(turn["created_at"])
     Memory.objects.bulk_update(turn_rows, ["updated_at"], batch_size=500)
+    return kin, {turn["external_id"]: row.pk for row, turn in zip(turn_rows, turns, strict=True)}
+
+
+def add_filler(*, team, kin, conversation: dict, count: int, rng: random.Random) -> None:
+    """`count` synthetic memories more in the kin, each dated at the start of a random
+    session of the conversation, so filler is neither newer nor older than the turns.
+    PostgreSQL: by COPY (its triggers fill the tsvector and the term counters), ten times
+    faster than bulk_create at 50,000 a kin; SQLite: bulk_create."""
+    from django.db import connection
+
+    from memories.models import Memory
+
     session_starts = [parse_session_time(conversation[key]) for key in sorted(conversation)
                       if key.endswith("_date_time") and conversation.get(key.removesuffix("_date_time"))]
-    filler_by_date = defaultdict(list)
-    for row in filler_rows:
-        filler_by_date[rng.choice(session_starts)].append(row.pk)
-    for moment, ids in filler_by_date.items():
+    rows = [(sentence(rng), rng.choice(PEOPLE), rng.choice(session_starts)) for _ in range(count)]
+    if connection.vendor == "postgresql":
+        columns = ("team_id, kin_id, category, content, subject, importance, status, source, source_ref, "
+                   "retrieval_count, embedding_model, vector_seq, created_at, updated_at")
+        with connection.cursor() as cursor, cursor.copy(f"COPY memories_memory ({columns}) FROM STDIN") as copy:
+            for content, subject, moment in rows:
+                copy.write_row((team.pk, kin.pk, CATEGORY, content, subject, IMPORTANCE, "active", "api", "",
+                                0, "", 0, moment, moment))
+        return
+    filler_rows = [Memory(team=team, kin=kin, category=CATEGORY, importance=IMPORTANCE, source="api",
+                          content=content, subject=subject) for content, subject, _ in rows]
+    Memory.objects.bulk_create(filler_rows, batch_size=2000)
+    by_date = defaultdict(list)
+    for row, (_, _, moment) in zip(filler_rows, rows, strict=True):
+        by_date[moment].append(row.pk)
+    for moment, ids in by_date.items():
         Memory.objects.filter(pk__in=ids).update(updated_at=moment)
-    return kin, {turn["external_id"]: row.pk for row, turn in zip(turn_rows, turns, strict=True)}
 
 
 # --- candidates (PostgreSQL) ------------------------------------------------------------------
@@ -326,15 +344,18 @@ def embed_all(*, model: str) -> dict:
 
 
 def run(*, data_dir: Path = DATA_DIR, conversations: int | None = None, questions_per_conversation: int | None = None,
-        filler: int = 10_000, shares=DEFAULT_SHARES, min_docs=DEFAULT_MIN_DOCS, seed: int = 7,
+        filler: int | list[int] = 10_000, shares=DEFAULT_SHARES, min_docs=DEFAULT_MIN_DOCS, seed: int = 7,
         embeddings: str = "", embedding_model: str = EMBEDDING_MODEL, fusions=tuple(FUSIONS)) -> dict:
     """Loads the memories into the current database, then asks every question under each
-    setting, without embeddings. The cache is cleared between settings (nothing cached
-    may outlive a setting; the scope statistics were cached until memories migration
-    0012); a private in-process cache is used for that, never the deployment's Redis.
-    With `embeddings` (an OpenAI-compatible base URL serving `embedding_model`), then
-    embeds every memory and asks every question again under each of `fusions` (names of
-    FUSIONS), at the default common-term setting."""
+    setting, without embeddings. `filler`: memories added to each kin, or several sizes:
+    the kins grow from the smallest to the largest (the same filler, more of it), and every
+    size is asked in turn (`by_filler`; the top-level figures are the largest size's). The
+    cache is cleared between settings (nothing cached may outlive a setting; the scope
+    statistics were cached until memories migration 0012); a private in-process cache is
+    used for that, never the deployment's Redis. With `embeddings` (an OpenAI-compatible
+    base URL serving `embedding_model`), then embeds every memory and asks every question
+    again under each of `fusions` (names of FUSIONS), at the default common-term setting
+    and the largest filler size."""
     from django.conf import settings
     from django.test import override_settings
 
@@ -343,21 +364,21 @@ def run(*, data_dir: Path = DATA_DIR, conversations: int | None = None, question
     unknown = [name for name in fusions if name not in FUSIONS]
     if unknown:
         raise SystemExit(f"unknown fusions {unknown}; known: {list(FUSIONS)}")
+    sizes = sorted({filler} if isinstance(filler, int) else set(filler))
     # No embedder for the lexical runs, whatever the environment configures.
     with override_settings(CACHES=private_cache, LLM_EMBEDDING_MODEL=""):
         return _run(data_dir=data_dir, conversations=conversations, per_conversation=questions_per_conversation,
-                    filler=filler, shares=tuple(shares), min_docs=tuple(min_docs), seed=seed,
+                    sizes=sizes, shares=tuple(shares), min_docs=tuple(min_docs), seed=seed,
                     top_k=settings.MEMORY_TOP_K, embeddings=embeddings, embedding_model=embedding_model,
                     fusions=tuple(fusions))
 
 
-def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs, seed, top_k,
+def _run(*, data_dir, conversations, per_conversation, sizes, shares, min_docs, seed, top_k,
          embeddings, embedding_model, fusions) -> dict:
-    from django.core.cache import cache
     from django.db import connection
 
     from kinsite.services import team_create
-    from memories.search import memory_search, postgres
+    from memories.search import postgres
 
     ks = tuple(sorted({5, 10, top_k}))
     limit = max(ks)
@@ -368,8 +389,7 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
     kins, questions = {}, []
     skipped = {"adversarial": 0, "no_evidence": 0}
     for conversation_id, conversation in loaded:
-        kin, memory_ids = load_conversation(team=team, conversation_id=conversation_id, conversation=conversation,
-                                            filler=filler, rng=rng)
+        kin, memory_ids = load_conversation(team=team, conversation_id=conversation_id, conversation=conversation)
         kins[conversation_id] = kin
         kept, left_out = questions_of(conversation, set(memory_ids), per_conversation)
         for reason, count in left_out.items():
@@ -378,8 +398,6 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
                        "question": qa["question"], "evidence": evidence,
                        "evidence_memory_ids": [memory_ids[dia_id] for dia_id in evidence]}
                       for qa, evidence in kept]
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")  # fresh planner statistics after the bulk load
     load_seconds = time.perf_counter() - started
 
     default = (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
@@ -391,6 +409,68 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
     else:
         grid = [default]  # SQLite has no common-term split: one setting is all there is
     count_candidates = CandidateCounter() if connection.vendor == "postgresql" else None
+
+    by_filler, loaded_filler = [], 0
+    for size in sizes:
+        begun = time.perf_counter()
+        for conversation_id, conversation in loaded:
+            add_filler(team=team, kin=kins[conversation_id], conversation=conversation, count=size - loaded_filler,
+                       rng=rng)
+        loaded_filler = size
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")  # fresh planner statistics after the bulk load
+        filler_seconds = time.perf_counter() - begun
+        load_seconds += filler_seconds
+        count_candidates = CandidateCounter() if count_candidates is not None else None  # counts change with filler
+        results = _ask_grid(grid, questions, kins, team=team, ks=ks, limit=limit,
+                            count_candidates=count_candidates, default=default)
+        by_filler.append({
+            "filler_per_kin": size,
+            "filler_seconds": round(filler_seconds, 1),
+            "scope_sizes": {conversation_id: kin.memories.filter(status="active").count()
+                            for conversation_id, kin in kins.items()},
+            "settings": results,
+            "recommended": recommend(results),
+        })
+        print(f"filler {size:,} per kin: R@10 {next(r for r in results if r['default'])['overall']['recall@10']:.3f} "
+              f"(default setting)", flush=True)
+
+    last = by_filler[-1]
+    lexical = next(result for result in last["settings"] if result["default"])
+    hybrid = None
+    if embeddings:
+        hybrid = _hybrid(questions, kins, team=team, ks=ks, limit=limit, embeddings=embeddings,
+                         model=embedding_model, fusions=fusions, lexical=lexical)
+    for result in [r for figures in by_filler for r in figures["settings"]] + (hybrid["fusions"] if hybrid else []):
+        del result["per_question_recall"]  # only needed for the comparisons above
+
+    return {
+        "database_version": database_version(connection),
+        "data": str(data_dir),
+        "conversations": len(loaded),
+        "turn_memories": sum(len(conversation_turns(conversation)) for _, conversation in loaded),
+        "filler_per_kin": last["filler_per_kin"],
+        "scope_sizes": last["scope_sizes"],
+        "load_seconds": round(load_seconds, 1),
+        "questions": len(questions),
+        "skipped_questions": skipped,
+        "ks": list(ks),
+        "top_k": top_k,
+        "search_limit": limit,
+        "default_setting": setting_name(*default),
+        "settings": last["settings"],
+        "recommended": last["recommended"],
+        "by_filler": by_filler,
+        "hybrid": hybrid,
+        "answer_key": questions,
+    }
+
+
+def _ask_grid(grid, questions, kins, *, team, ks, limit, count_candidates, default) -> list[dict]:
+    """Every question under each setting of the grid, compared with the exhaustive one."""
+    from django.core.cache import cache
+
+    from memories.search import memory_search, postgres
 
     results = []
     try:
@@ -404,7 +484,6 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
     finally:
         postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS = default
         cache.clear()
-
     exhaustive = next((result for result in results if result["exhaustive"]), None)
     if exhaustive is not None:
         for result in results:
@@ -412,34 +491,7 @@ def _run(*, data_dir, conversations, per_conversation, filler, shares, min_docs,
             pairs = list(enumerate(zip(result["per_question_recall"], exhaustive["per_question_recall"], strict=True)))
             result["worse_than_exhaustive"] = [index for index, (ours, theirs) in pairs if ours < theirs]
             result["better_than_exhaustive"] = [index for index, (ours, theirs) in pairs if ours > theirs]
-    lexical = next(result for result in results if result["default"])
-    hybrid = None
-    if embeddings:
-        hybrid = _hybrid(questions, kins, team=team, ks=ks, limit=limit, embeddings=embeddings,
-                         model=embedding_model, fusions=fusions, lexical=lexical)
-    for result in results + (hybrid["fusions"] if hybrid else []):
-        del result["per_question_recall"]  # only needed for the comparisons above
-
-    return {
-        "database_version": database_version(connection),
-        "data": str(data_dir),
-        "conversations": len(loaded),
-        "turn_memories": sum(len(conversation_turns(conversation)) for _, conversation in loaded),
-        "filler_per_kin": filler,
-        "scope_sizes": {conversation_id: kin.memories.filter(status="active").count()
-                        for conversation_id, kin in kins.items()},
-        "load_seconds": round(load_seconds, 1),
-        "questions": len(questions),
-        "skipped_questions": skipped,
-        "ks": list(ks),
-        "top_k": top_k,
-        "search_limit": limit,
-        "default_setting": setting_name(*default),
-        "settings": results,
-        "recommended": recommend(results),
-        "hybrid": hybrid,
-        "answer_key": questions,
-    }
+    return results
 
 
 def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lexical) -> dict:
@@ -500,9 +552,15 @@ def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lex
 
 def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs, default) -> dict:
     """Every question under the setting in force; figures of this setting."""
-    from memories.search import candidates as search_candidates, memory_search, postgres
+    from kinsite.textsearch import query_terms
+    from memories.search import (
+        _text_scores as search_text_scores,
+        candidates as search_candidates,
+        memory_search,
+        postgres,
+    )
 
-    rows, latencies, candidates = [], [], []
+    rows, latencies, candidates, bm25_rows = [], [], [], []
     by_category, by_conversation = defaultdict(list), defaultdict(list)
     for question in questions:
         kin = kins[question["conversation"]]
@@ -515,6 +573,13 @@ def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs,
         by_conversation[question["conversation"]].append(row)
         if count_candidates is not None:
             candidates.append(count_candidates(team=team, kin=kin, question=question["question"]))
+        # Where evidence is lost, outside the timed part: the BM25 list search ranks (its
+        # top candidate_limit) and that list's own top 10, before ranking reorders it.
+        text_ids = [match.id for match in search_text_scores(
+            terms=query_terms(question["question"]), team=team, kin=kin, include_shared=True, limit=BM25_LIST)]
+        evidence = question["evidence_memory_ids"]
+        bm25_rows.append({f"recall@{k}": sum(1 for i in evidence if i in set(text_ids[:k])) / len(evidence)
+                          for k in (10, BM25_LIST)})
     common_lexemes = None
     if count_candidates is not None:
         # The common lexemes of each scope under this setting.
@@ -535,6 +600,8 @@ def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs,
         "by_category": {name: summary(category_rows, ks) for name, category_rows in sorted(by_category.items())},
         "by_conversation": {name: summary(conversation_rows, ks)
                             for name, conversation_rows in sorted(by_conversation.items())},
+        "bm25_list": {name: round(statistics.fmean(row[name] for row in bm25_rows), 4)
+                      for name in ("recall@10", f"recall@{BM25_LIST}")},
         "mean_candidates": round(statistics.fmean(candidates), 1) if candidates else None,
         "max_candidates": max(candidates) if candidates else None,
         "common_lexemes": common_lexemes,
@@ -569,13 +636,22 @@ def differing(result: dict, how: str) -> str:
 
 def print_table(figures: dict) -> None:
     print(f"memory relevance on LoCoMo — {figures['database_version']}: {figures['conversations']} conversations, "
-          f"{figures['turn_memories']:,} turn memories + {figures['filler_per_kin']:,} filler per kin, "
+          f"{figures['turn_memories']:,} turn memories + filler per kin, "
           f"{figures['questions']} questions (skipped: {figures['skipped_questions']}); "
           f"loaded in {figures['load_seconds']} s")
-    ks = figures["ks"]
+    for size in figures["by_filler"]:
+        print(f"\n{size['filler_per_kin']:,} filler per kin (scopes of {min(size['scope_sizes'].values()):,}-"
+              f"{max(size['scope_sizes'].values()):,} memories, filler loaded in {size['filler_seconds']} s)")
+        print_settings(size, figures["ks"])
+    if figures.get("hybrid"):
+        print_hybrid(figures["hybrid"], figures["ks"])
+
+
+def print_settings(figures: dict, ks) -> None:
     header = (f"{'setting':<22} {'thresh':>6} {'common':>6} "
               + " ".join(f"{f'R@{k}':>6}" for k in ks) + " " + " ".join(f"{f'hit@{k}':>6}" for k in ks)
-              + f" {'MRR':>6} {'cand':>7} {'p50 ms':>7} {'p95 ms':>7} {'worse':>5} {'better':>6}")
+              + f" {'MRR':>6} {'bm25@10':>7} {'bm25@50':>7} {'cand':>7} {'p50 ms':>7} {'p95 ms':>7} {'worse':>5}"
+              f" {'better':>6}")
     print(header)
     print("-" * len(header))
     for result in figures["settings"]:
@@ -587,11 +663,13 @@ def print_table(figures: dict) -> None:
         print(f"{result['name'] + (' *' if result['default'] else ''):<22} {threshold:>6} {n_common:>6} "
               + " ".join(f"{overall[f'recall@{k}']:>6.3f}" for k in ks) + " "
               + " ".join(f"{overall[f'hit@{k}']:>6.3f}" for k in ks)
-              + f" {overall['mrr']:>6.3f} {candidates:>7} {result['search']['p50_ms']:>7.1f}"
+              + f" {overall['mrr']:>6.3f} {result['bm25_list']['recall@10']:>7.3f}"
+              f" {result['bm25_list'][f'recall@{BM25_LIST}']:>7.3f} {candidates:>7} {result['search']['p50_ms']:>7.1f}"
               f" {result['search']['p95_ms']:>7.1f}"
               f" {differing(result, 'worse'):>5} {differing(result, 'better'):>6}")
     print("* the current default; thresh/common: mean over kins of the common-term threshold (docs) and of the "
-          "number of common lexemes; worse/better: questions whose R@10 differs from exhaustive")
+          "number of common lexemes; bm25@k: evidence recall of the BM25 list before ranking; worse/better: "
+          "questions whose R@10 differs from exhaustive")
     categories = sorted({name for result in figures["settings"] for name in result["by_category"]})
     first = figures["settings"][0]["by_category"]
     counts = ", ".join(f"{name} {first[name]['questions']}" for name in categories)
@@ -603,8 +681,6 @@ def print_table(figures: dict) -> None:
     if figures["recommended"]:
         print(f"\nfewest candidates with R@10 within {figures['recommended']['tolerance']} of exhaustive: "
               f"{figures['recommended']['name']}")
-    if figures.get("hybrid"):
-        print_hybrid(figures["hybrid"], ks)
 
 
 def print_hybrid(hybrid: dict, ks) -> None:
@@ -642,7 +718,8 @@ def main(argv=None) -> int:
     parser.add_argument("--data", type=Path, default=DATA_DIR, help="LoCoMo directory")
     parser.add_argument("--conversations", type=int, default=None, help="only the first N conversations")
     parser.add_argument("--questions-per-conversation", type=int, default=None, help="only the first N questions")
-    parser.add_argument("--filler", type=int, default=10_000, help="synthetic memories added to each kin")
+    parser.add_argument("--filler", default="10000",
+                        help="synthetic memories added to each kin; several sizes comma-separated (0,10000,50000)")
     parser.add_argument("--shares", default=",".join(map(str, DEFAULT_SHARES)), help="COMMON_TERM_SHARE grid")
     parser.add_argument("--min-docs", default=",".join(map(str, DEFAULT_MIN_DOCS)), help="COMMON_TERM_MIN_DOCS grid")
     parser.add_argument("--seed", type=int, default=7)
@@ -659,6 +736,7 @@ def main(argv=None) -> int:
     shares = [float(value) for value in args.shares.split(",") if value.strip()]
     min_docs = [int(value) for value in args.min_docs.split(",") if value.strip()]
     fusions = [name.strip() for name in args.fusions.split(",") if name.strip()]
+    filler = [int(value) for value in args.filler.split(",") if value.strip()]
     if args.embeddings:
         # The re-embedding job runs in this process (its task eager), never through a broker.
         os.environ["CELERY_TASK_ALWAYS_EAGER"] = "true"
@@ -672,7 +750,7 @@ def main(argv=None) -> int:
 
         call_command("migrate", verbosity=0)
         figures = run(data_dir=args.data.resolve(), conversations=args.conversations,
-                      questions_per_conversation=args.questions_per_conversation, filler=args.filler,
+                      questions_per_conversation=args.questions_per_conversation, filler=filler,
                       shares=shares, min_docs=min_docs, seed=args.seed, embeddings=args.embeddings,
                       embedding_model=args.embedding_model, fusions=fusions)
         vendor = connection.vendor

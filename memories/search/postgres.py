@@ -8,11 +8,8 @@ from datetime import UTC, datetime
 from django.db import connection
 
 from memories.models import MemoryTermCount
-from memories.search.candidates import SUBJECT_WEIGHT, TextMatch, hit_columns_sql
+from memories.search.candidates import BM25_B, BM25_K1, SUBJECT_WEIGHT, TextMatch, hit_columns_sql
 
-# BM25 parameters, the usual defaults (SQLite's FTS5 bm25() uses the same).
-BM25_K1 = 1.2
-BM25_B = 0.75
 # Common terms (PostgreSQL). A lexeme in at least this share of the scope's memories, and
 # in at least COMMON_TERM_MIN_DOCS of them, is common: it still scores, but it does not
 # pull memories in as candidates, as in Lucene's CommonTermsQuery. Scoring every memory
@@ -45,8 +42,9 @@ FALLBACK_CANDIDATES = 2_000
 @dataclass(frozen=True)
 class ScopeStats:
     """What BM25 needs to know about a scope beyond the matching memories: its active
-    memory count, their average tsvector length, and the document frequency of every
-    common lexeme asked about (see COMMON_TERM_SHARE)."""
+    memory count and the document frequency of every common lexeme asked about (see
+    COMMON_TERM_SHARE); and their average tsvector length, for benchmarks (BM25 uses the
+    candidates', see text_scores)."""
 
     count: int
     avg_length: float
@@ -78,12 +76,6 @@ def scope_stats(params: dict, include_shared: bool, lexemes: list[str] | None) -
 def common_threshold(count: int) -> int:
     """How many of a scope's `count` memories a lexeme must be in to be common."""
     return max(COMMON_TERM_MIN_DOCS, min(math.ceil(COMMON_TERM_SHARE * count), COMMON_TERM_MAX_DOCS))
-
-
-def bm25_idf(*, count: int, df: int | float) -> float:
-    """Lucene's BM25 idf; the count is clamped to df: the scope's count and the candidates
-    are two reads, and a write may commit between them."""
-    return math.log(1.0 + (max(count, df) - df + 0.5) / (df + 0.5))
 
 
 # The lexemes of query terms (PostgreSQL's 'english' configuration), kept per process:
@@ -118,10 +110,19 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
     BM25 is computed here. Candidates are the memories matching the query's rare
     lexemes (common ones only add to their scores; see COMMON_TERM_SHARE), so the
     rare lexemes' document frequencies are counted exactly among the candidates; the
-    common lexemes' come from the scope's counters (scope_stats), as do count and
-    average length. Every read is bounded whatever the scope's size: rare lexemes match
-    fewer than COMMON_TERM_MAX_DOCS memories each, and the common-only fallback reads at
-    most FALLBACK_CANDIDATES.
+    common lexemes' come from the scope's counters (scope_stats). Every read is bounded
+    whatever the scope's size: rare lexemes match fewer than COMMON_TERM_MAX_DOCS
+    memories each, and the common-only fallback reads at most FALLBACK_CANDIDATES.
+
+    BM25's collection is the memories that match the query, not the whole scope: N is
+    the sum of the query lexemes' document frequencies (at most the scope's count), and
+    the average length is the candidates'. Over the whole scope, every memory about
+    something else added ln(N) alike to every lexeme's idf, which flattened the gap
+    between a speaker's name (in half the conversation) and the rare word that finds the
+    answer, and the many short ones shortened the average length, which then penalised
+    every longer memory that matched: on LoCoMo with 50,000 unrelated memories per kin,
+    recall@10 fell from 0.632 to 0.577 (bench/README.md, "recall at scale"). With the
+    matching memories' statistics, memories that share no query word change nothing.
 
     Term frequency is 1 for a match in the content and SUBJECT_WEIGHT for a match in the
     subject only. Memories are a sentence or two, so a term rarely repeats; testing `@@`
@@ -136,8 +137,8 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
     common = [lexeme for lexeme in lexemes if lexeme in stats.common]
     rare = [lexeme for lexeme in lexemes if lexeme not in stats.common]
     rarest_common = min(common, key=lambda lexeme: (stats.common[lexeme], lexeme)) if common else None
-    params = {**params, "subject_weight": SUBJECT_WEIGHT, "n": stats.count, "avg_length": stats.avg_length,
-              "k1": BM25_K1, "b": BM25_B, "limit": limit}
+    params = {**params, "subject_weight": SUBJECT_WEIGHT, "n": stats.count, "k1": BM25_K1, "b": BM25_B,
+              "limit": limit}
 
     def matching(lexemes_of_tsquery: list[str], name: str) -> str:
         params[name] = " | ".join(_tsquery_literal(lexeme) for lexeme in lexemes_of_tsquery)
@@ -160,7 +161,7 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
     else:
         matches = fallback
 
-    tf_columns, df_columns, score_terms = [], [], []
+    tf_columns, df_columns, idf_columns, score_terms = [], [], [], []
     for i, lexeme in enumerate(lexemes):
         params[f"any{i}"] = _tsquery_literal(lexeme)
         params[f"content{i}"] = _tsquery_literal(lexeme) + ":A"
@@ -169,28 +170,36 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
             f"THEN 1.0::float8 ELSE %(subject_weight)s::float8 END ELSE 0.0::float8 END AS tf{i}"
         )
         if lexeme in stats.common:
-            params[f"idf{i}"] = bm25_idf(count=stats.count, df=stats.common[lexeme])
-            idf = f"%(idf{i})s::float8"
+            params[f"df{i}"] = float(stats.common[lexeme])
+            df_columns.append(f"%(df{i})s::float8 AS df{i}")
         else:
-            # The idf is computed once, with the document frequency, not per candidate.
-            df = f"count(*) FILTER (WHERE tf{i} > 0)::float8"
-            df_columns.append(f"ln(1.0::float8 + (greatest(%(n)s::float8, {df}) - {df} + 0.5::float8)"
-                              f" / ({df} + 0.5::float8)) AS idf{i}")
-            idf = f"d.idf{i}"
-        score_terms.append(f"{idf} * c.tf{i} * (%(k1)s::float8 + 1.0::float8) / (c.tf{i} + c.norm)")
+            # Counted once among the candidates (every memory matching a rare lexeme is one).
+            df_columns.append(f"count(*) FILTER (WHERE tf{i} > 0)::float8 AS df{i}")
+        idf_columns.append(f"ln(1.0::float8 + (greatest(f.n, f.df{i}) - f.df{i} + 0.5::float8)"
+                           f" / (f.df{i} + 0.5::float8)) AS idf{i}")
+        score_terms.append(f"s.idf{i} * s.tf{i} * (%(k1)s::float8 + 1.0::float8) / (s.tf{i} + s.norm)")
     ctes.append(f"""candidates AS MATERIALIZED (
-            SELECT c.id,
-                   %(k1)s::float8 * (1.0::float8 - %(b)s::float8
-                       + %(b)s::float8 * length(c.search_tsv)::float8 / %(avg_length)s::float8) AS norm,
-                   {", ".join(tf_columns)}
+            SELECT c.id, length(c.search_tsv)::float8 AS length, {", ".join(tf_columns)}
             FROM ({matches}) c
         )""")
-    if df_columns:
-        ctes.append(f"document_frequency AS (SELECT {', '.join(df_columns)} FROM candidates)")
+    # The collection's statistics (see the docstring), one row computed once; the idf
+    # clamps N to each df, as the counters and the candidates are two reads and a write
+    # may commit between them.
+    ctes.append(f"""frequencies AS MATERIALIZED (
+            SELECT avg(length) AS avg_length, {", ".join(df_columns)} FROM candidates
+        )""")
+    ctes.append(f"""weights AS MATERIALIZED (
+            SELECT greatest(coalesce(f.avg_length, 1.0::float8), 1.0::float8) AS avg_length, {", ".join(idf_columns)}
+            FROM (SELECT *, least(%(n)s::float8, {" + ".join(f"df{i}" for i in range(len(lexemes)))}) AS n
+                  FROM frequencies) f
+        )""")
     ctes.append(f"""best AS (
-            SELECT c.id, {" + ".join(score_terms)} AS score
-            FROM candidates c {"CROSS JOIN document_frequency d" if df_columns else ""}
-            ORDER BY score DESC, c.id
+            SELECT s.id, {" + ".join(score_terms)} AS score
+            FROM (SELECT c.*, w.*, %(k1)s::float8 * (1.0::float8 - %(b)s::float8
+                         + %(b)s::float8 * c.length / w.avg_length) AS norm
+                  FROM candidates c CROSS JOIN weights w
+                  OFFSET 0) s  -- not flattened: the length norm is computed once per candidate, not per lexeme
+            ORDER BY score DESC, s.id
             LIMIT %(limit)s
         )""")
     # For ranking, updated_at travels as epoch seconds: loading timestamptz through

@@ -363,3 +363,27 @@ def test_a_lexeme_in_common_term_max_docs_memories_is_common_in_any_scope(team, 
     assert postgres.scope_stats(params, True, ["prefer", "updat"]).common == {}
     monkeypatch.setattr(postgres, "COMMON_TERM_MAX_DOCS", 5)
     assert postgres.scope_stats(params, True, ["prefer", "updat"]).common == {"prefer": 5}
+
+
+# --- BM25 statistics at scale -------------------------------------------------------------------
+
+def add_unrelated(team, kin, count):
+    # Short memories sharing no word with the queries below, as a kin's thousands of
+    # memories about other things (bulk: the duplicate check would merge them).
+    Memory.objects.bulk_create([Memory(team=team, kin=kin, content=f"Tom owns budget report {n % 7}")
+                                for n in range(count)])
+
+
+@pytest.mark.parametrize("unrelated", [0, 1000])
+def test_memories_sharing_no_query_word_do_not_change_the_ranking(team, kin, unrelated):
+    # The rare word's one memory is long; twenty short ones only name the person. Over the
+    # whole scope's statistics, a thousand short unrelated memories raise the name's idf
+    # towards the rare word's and shrink the average length, so the long memory fell from
+    # first to below the ten short ones. Over the statistics of the memories that match,
+    # they change nothing.
+    evidence = add(team, kin, "I finally started learning the ukulele last spring after years of wanting to play "
+                              "songs on the beach with my cousins and their neighbours")
+    Memory.objects.bulk_create([Memory(team=team, kin=kin, content="Priya smiled") for _ in range(20)])
+    add_unrelated(team, kin, unrelated)
+    hits = search(team, kin, "Priya ukulele")
+    assert hits[0].memory == evidence

@@ -148,3 +148,21 @@ def test_embeddings_run_reports_each_fusion_against_lexical_only(hybrid_figures)
     shipped, vector_only, _ = hybrid["fusions"]
     assert vector_only["worse_than_lexical"] or vector_only["better_than_lexical"]
     assert vector_only["overall"] != shipped["overall"]
+
+
+def test_several_filler_sizes_grow_the_same_kins(conversation):
+    conversation_id, data = conversation
+    turns = len(conversation_turns(data))
+    defaults = (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
+    figures = run(conversations=1, questions_per_conversation=5, filler=[100, 0],
+                  shares=[defaults[0]], min_docs=[defaults[1]])
+    assert [size["filler_per_kin"] for size in figures["by_filler"]] == [0, 100]
+    assert [size["scope_sizes"] for size in figures["by_filler"]] == [{conversation_id: turns},
+                                                                        {conversation_id: turns + 100}]
+    # The top-level figures are the largest size's; every size asked every question.
+    assert figures["scope_sizes"] == figures["by_filler"][-1]["scope_sizes"]
+    assert figures["settings"] == figures["by_filler"][-1]["settings"]
+    for size in figures["by_filler"]:
+        for result in size["settings"]:
+            assert result["overall"]["questions"] == 5
+            assert 0 <= result["bm25_list"]["recall@10"] <= result["bm25_list"]["recall@50"] <= 1
