@@ -159,7 +159,7 @@ def run(*, memories: int, messages: int, turns: int, searches: int, seed: int, p
             order = list(kinds)
             rng.shuffle(order)
             for kind in order:
-                c, w = cpu_ms(lambda kind=kind: kinds[kind](query))
+                c, w = cpu_ms(lambda kind=kind, query=query: kinds[kind](query))
                 samples[kind]["cpu"].append(c)
                 samples[kind]["wall"].append(w)
     figures["search_machine_state"] = watch.figures
