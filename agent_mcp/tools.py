@@ -260,4 +260,4 @@ def message_post(caller: TokenPrincipal, *, session_id: int, content: str, sende
     session = _session(caller, session_id)
     data = _valid(MessagePostSerializer, {"content": content, "sender": sender, "platform": platform})
     turn = turns.turn_post(session=session, **data)
-    return turn_posted_body(turn)
+    return turn_posted_body(turn, as_run=True)

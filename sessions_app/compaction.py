@@ -33,6 +33,7 @@ from kinsite.prompt_templates import TemplateError, template_default, template_r
 from kinsite.tokencount import count_tokens
 from sessions_app.models import HISTORY_KINDS, CompactionRun, Event, Session, Summary
 from sessions_app.prompt.history import HistoryItem
+from sessions_app.prompt.reads import Boundary, unsummarised_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +129,14 @@ def compaction_needed(*, session: Session) -> bool:
     """Whether the un-summarised history is over COMPACTION_TRIGGER_RATIO of the kin's
     history budget. Two queries (the boundary, one aggregate): it runs after every turn."""
     return _over_trigger(session, latest_summary(session))
+
+
+def compaction_needed_after_turn(*, session: Session, summary: Boundary | None) -> bool:
+    """compaction_needed, with the boundary the turn's prompt read a moment ago under the
+    session lock instead of reading it again: one query. A compaction finishing in between
+    leaves it counting from the older boundary, so at worst it requests a run that finds
+    the history under the trigger, as two racing requests may (compaction_request)."""
+    return unsummarised_tokens(session.pk, summary) > settings.COMPACTION_TRIGGER_RATIO * _history_budget(session)
 
 
 def _over_trigger(session: Session, summary: Summary | None) -> bool:

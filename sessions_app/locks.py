@@ -9,6 +9,7 @@ must not interleave, so no turn runs without it."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -43,18 +44,27 @@ def lease_seconds() -> float:
     return settings.LLM_TIMEOUT_SECONDS * attempts + backoff + LEASE_MARGIN_SECONDS
 
 
+# A lease taken or renewed this recently still has nearly all of its minutes to run, so
+# renewing it again buys nothing (a turn renews before each model call: with a fast model
+# that was a Redis round trip per call for no gain).
+RENEW_AFTER_SECONDS = 0.5
+
+
 class SessionLock:
     """What `session_lock` yields; `refresh()` renews the lease (a no-op locally)."""
 
     def __init__(self, redis_lock=None):
         self._redis_lock = redis_lock
+        self._renewed_at = time.monotonic()
 
     def refresh(self) -> None:
-        if self._redis_lock is not None:
-            try:
-                self._redis_lock.reacquire()
-            except REDIS_UNREACHABLE as exc:
-                raise _unavailable(self._redis_lock.name, exc) from exc
+        if self._redis_lock is None or time.monotonic() - self._renewed_at < RENEW_AFTER_SECONDS:
+            return
+        try:
+            self._redis_lock.reacquire()
+        except REDIS_UNREACHABLE as exc:
+            raise _unavailable(self._redis_lock.name, exc) from exc
+        self._renewed_at = time.monotonic()
 
 
 @lru_cache(maxsize=4)

@@ -6,8 +6,10 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
 
+from kinsite import tokencache
 from kinsite.models import ApiToken
 from kinsite.selectors import api_token_lookup
+from kinsite.services import token_digest
 
 # last_used_at is informative; writing it on every request would cost a write per call.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -42,12 +44,18 @@ class BearerTokenAuthentication(BaseAuthentication):
             raw = parts[1].decode()
         except UnicodeDecodeError as exc:
             raise exceptions.AuthenticationFailed("Token contains invalid characters.") from exc
-        token = api_token_lookup(raw=raw)
+        digest = token_digest(raw)
+        token = tokencache.cached_token(digest)
         if token is None:
-            raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+            generation = tokencache.current_generation()  # before the read: see remember_token
+            token = api_token_lookup(raw=raw)
+            if token is None:
+                raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+            tokencache.remember_token(digest, token, generation=generation)
         now = timezone.now()
         if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+            tokencache.token_used(digest, now)
         return TokenPrincipal(token), token
 
     def authenticate_header(self, request):

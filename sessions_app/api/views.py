@@ -167,7 +167,7 @@ class SessionMessageListView(EventStreamMixin, ListAPIView):
             turn = turn_post_streamed(session=session, **serializer.validated_data)
             return _follow_turn(request, turn)
         turn = turns.turn_post(session=session, **serializer.validated_data)
-        return Response(turn_posted_body(turn), status=status.HTTP_201_CREATED)
+        return Response(turn_posted_body(turn, as_run=True), status=status.HTTP_201_CREATED)
 
 
 class TurnDetailView(APIView):

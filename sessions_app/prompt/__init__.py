@@ -10,7 +10,7 @@ from datetime import datetime
 from kinsite.llm.types import Message
 from kinsite.tokencount import count_tokens
 from sessions_app.models import Event, Session
-from sessions_app.prompt.reads import PENDING_MESSAGE_ID, HistoryEntry, prompt_inputs_for
+from sessions_app.prompt.reads import PENDING_MESSAGE_ID, Boundary, HistoryEntry, prompt_inputs_for
 from sessions_app.prompt.sections import Section, build_sections, render_system_prompt, total_tokens
 
 __all__ = ["PENDING_MESSAGE_ID", "AssembledPrompt", "prompt_assemble"]
@@ -23,6 +23,8 @@ class AssembledPrompt:
     messages: list[Message]  # the system prompt, then the history: what the model receives
     budget: int
     memory_ids: list[int]  # the memories in the prompt, best first
+    # The compaction boundary the history was read from (the session's newest summary then).
+    summary: Boundary | None = None
 
     @property
     def system_tokens(self) -> int:
@@ -50,7 +52,7 @@ def prompt_assemble(
     """The prompt a turn sends: sections, the selected history and the messages list.
     Only reads: the turn counts the served memories (`memory_ids`) as retrieved when it
     stores its reply, and the preview does not count them."""
-    inputs, history, budget = prompt_inputs_for(
+    inputs, history, budget, summary = prompt_inputs_for(
         session=session, message_text=message_text, sender=sender, platform=platform, now=now,
         current_event=current_event, turn_id=turn_id,
     )
@@ -58,4 +60,4 @@ def prompt_assemble(
     messages: list[Message] = [{"role": "system", "content": render_system_prompt(sections)}]
     messages.extend(entry.message for entry in history)
     return AssembledPrompt(sections=sections, history=history, messages=messages, budget=budget,
-                           memory_ids=[memory.id for memory in inputs.memories])
+                           memory_ids=[memory.id for memory in inputs.memories], summary=summary)

@@ -210,6 +210,21 @@ def _boundary_sql(summary: Boundary | None) -> tuple[str, list[Any]]:
     return " AND (created_at > %s OR (created_at = %s AND id > %s))", [at, at, summary.last_event_id]
 
 
+def unsummarised_tokens(session_id: int, summary: Boundary | None) -> int:
+    """The tokens of the session's history events after `summary`'s boundary, in one
+    statement written as SQL (the same aggregate through the ORM cost more Python than the
+    database spends on it)."""
+    boundary, boundary_params = _boundary_sql(summary)
+    kinds = ", ".join(["%s"] * len(HISTORY_KINDS))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT SUM(token_count) FROM {Event._meta.db_table} "
+            f"WHERE session_id = %s AND kind IN ({kinds}){boundary}",
+            [session_id, *HISTORY_KINDS, *boundary_params],
+        )
+        return cursor.fetchone()[0] or 0
+
+
 def _later_posts_sql(session_id: int, turn_id: int | None) -> tuple[str, list[Any]]:
     """Leaves out the messages of the session's turns posted after `turn_id` and not run
     yet: a turn answers the conversation up to its own message, even when later posts were
@@ -294,11 +309,12 @@ def prompt_inputs_for(
     now: datetime | None = None,
     current_event: Event | None = None,
     turn_id: int | None = None,
-) -> tuple[PromptInputs, list[HistoryEntry], int]:
+) -> tuple[PromptInputs, list[HistoryEntry], int, Boundary | None]:
     """The prompt inputs, the selected history (oldest first, ending with the message
-    being answered) and the history budget. `current_event` is the stored message being
-    answered, by turn `turn_id`; without it a non-empty `message_text` is treated as a
-    message about to be sent (the preview), counted as if stored. Reads the database a
+    being answered), the history budget and the compaction boundary read (the newest
+    summary). `current_event` is the stored message being answered, by turn `turn_id`;
+    without it a non-empty `message_text` is treated as a message about to be sent (the
+    preview), counted as if stored. Reads the database a
     fixed number of times, whatever the length of the history or the number of memories."""
     now = now or timezone.now()
     # The session and kin rows are the caller's (the turn and the preview read them just
@@ -396,4 +412,4 @@ def prompt_inputs_for(
         # The team came with the session (every caller reads session → kin → team in one go).
         timezone_name=session.kin.team.zone(default=settings.TIME_ZONE).key,
     )
-    return inputs, history, budget
+    return inputs, history, budget, summary

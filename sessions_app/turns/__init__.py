@@ -41,11 +41,11 @@ from kinsite.tokencount import count_tokens
 from kinsite.tools import Tool, ToolContext
 from memories.models import Memory
 from memories.services import Actor, memories_mark_retrieved
-from sessions_app.compaction import compaction_needed, compaction_request
+from sessions_app.compaction import compaction_needed, compaction_needed_after_turn, compaction_request
 from sessions_app.introspection import IntrospectionDisabled, introspection_after_turn, introspection_request
 from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, lease_seconds, session_lock
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
-from sessions_app.prompt import prompt_assemble
+from sessions_app.prompt import AssembledPrompt, prompt_assemble
 from sessions_app.services import session_check_open
 from sessions_app.turns.events import DELTA, END, RESET, TOOL_CALL, TOOL_RESULT, turn_event_publish
 from sessions_app.turns.tools import kin_toolset
@@ -128,10 +128,10 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
                 if _turn_claim(oldest):
                     _turn_execute(turn=oldest, lock=lock, raise_errors=False)
             turn = oldest  # read under the lock, with its session, kin and message
-            _turn_execute(turn=turn, lock=lock, raise_errors=True)
+            prompt = _turn_execute(turn=turn, lock=lock, raise_errors=True)
     except LockUnavailable as exc:
         raise _lock_outage(session=session, turn=turn) from exc
-    _schedule_background_work(session=session, turn=turn)
+    _schedule_background_work(session=session, turn=turn, prompt=prompt)
     return turn
 
 
@@ -161,13 +161,13 @@ def turn_run(*, turn_id: int) -> Turn | None:
                 pass  # it was out of attempts and is failed now; the next one
             if turn is None:
                 return None
-            _turn_execute(turn=turn, lock=lock, raise_errors=False)
+            prompt = _turn_execute(turn=turn, lock=lock, raise_errors=False)
     finally:
         # Outside the lock: an eager task runs turn_run here, which takes it. Also after a
         # bug in the turn that ran, so this one does not wait for a sweep.
         if turn is not None and turn.pk != turn_id:
             _turn_send_again(turn_id)
-    _schedule_background_work(session=turn.session, turn=turn)
+    _schedule_background_work(session=turn.session, turn=turn, prompt=prompt)
     return turn
 
 
@@ -344,17 +344,19 @@ def _turn_open(*, session: Session, content: str, sender: str, platform: str, is
     )
 
 
-def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> None:
+def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> AssembledPrompt | None:
     """Run a claimed turn read by _turn_oldest_unfinished under the lock this holds, and
-    publish its end (turns/events.py) once its outcome is stored."""
+    publish its end (turns/events.py) once its outcome is stored. Returns the prompt of a
+    conversation turn that got its reply (None for a command or a failure)."""
     session = turn.session
     message = turn.user_message
     error_code = ""
+    prompt = None
     try:
         if message.kind == Event.Kind.COMMAND:
             _command_answer(turn=turn, session=session, message=message)
         else:
-            _turn_converse(turn=turn, session=session, message=message, lock=lock)
+            prompt = _turn_converse(turn=turn, session=session, message=message, lock=lock)
     except ServiceUnavailable as exc:
         # Redis went away mid-turn (the lock could not be renewed): the turn stops, and says why.
         error_code = exc.code
@@ -377,6 +379,7 @@ def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> None:
         raise
     finally:
         turn_event_publish(turn, END, {"status": turn.status, "code": error_code})
+    return prompt
 
 
 def _turn_fail(*, turn: Turn, error: str) -> None:
@@ -384,8 +387,8 @@ def _turn_fail(*, turn: Turn, error: str) -> None:
     turn.error = error
     turn.finished_at = timezone.now()
     Turn.objects.filter(pk=turn.pk).update(
-        status=turn.status, error=turn.error, finished_at=turn.finished_at,
-        tool_calls=turn.tool_calls, tokens_in=turn.tokens_in, tokens_out=turn.tokens_out,
+        status=turn.status, error=turn.error, finished_at=turn.finished_at, tool_calls=turn.tool_calls,
+        prompt_tokens=turn.prompt_tokens, tokens_in=turn.tokens_in, tokens_out=turn.tokens_out,
     )
 
 
@@ -433,16 +436,16 @@ def _introspection_request(*, session: Session, trigger: str) -> IntrospectionRu
         return None
 
 
-def _turn_converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock) -> None:
+def _turn_converse(*, turn: Turn, session: Session, message: Event, lock: SessionLock) -> AssembledPrompt:
     """The model/tool loop. At most KIN_MAX_TOOL_CALLS tool calls run; once they are
-    used up the model is called without tools, so it has to answer."""
+    used up the model is called without tools, so it has to answer. Returns the prompt."""
     kin = session.kin
     prompt = prompt_assemble(
         session=session, message_text=message.content, sender=message.sender, platform=message.platform,
         current_event=message, turn_id=turn.pk,
     )
+    # Stored with the turn's next write (a tool round, the reply, or the failure), not on its own.
     turn.prompt_tokens = prompt.total_tokens
-    Turn.objects.filter(pk=turn.pk).update(prompt_tokens=turn.prompt_tokens)
     messages = list(prompt.messages)
     tools = kin_toolset(workflow_id=session.workflow_id)
     schemas = [tool.schema for tool in tools.values()]
@@ -508,6 +511,7 @@ def _turn_converse(*, turn: Turn, session: Session, message: Event, lock: Sessio
             last_activity_at=now, introspection_pending=True,
             turns_since_introspection=F("turns_since_introspection") + 1,
         )
+    return prompt
 
 
 def _tool_run(tools: dict[str, Tool], call: ToolCall, tool_context: ToolContext) -> str:
@@ -546,15 +550,19 @@ def _tool_round_store(*, session: Session, turn: Turn, content: str | None, call
                 data={"tool_call_id": call.id, "name": call.name, "turn": turn.pk},
             )
         Turn.objects.filter(pk=turn.pk).update(
-            tool_calls=turn.tool_calls, tokens_in=turn.tokens_in, tokens_out=turn.tokens_out
+            tool_calls=turn.tool_calls, prompt_tokens=turn.prompt_tokens, tokens_in=turn.tokens_in,
+            tokens_out=turn.tokens_out,
         )
 
 
-def _schedule_background_work(*, session: Session, turn: Turn) -> None:
+def _schedule_background_work(*, session: Session, turn: Turn, prompt: AssembledPrompt | None) -> None:
     """After the turn and outside the session lock (an eager task must not run under it):
-    compaction when the un-summarised history has outgrown its share of the budget, and
-    introspection every `turn_interval` completed turns (commands are not turns)."""
-    if compaction_needed(session=session):
+    compaction when the un-summarised history has outgrown its share of the budget (from the
+    boundary the turn's `prompt` read, if it has one), and introspection every
+    `turn_interval` completed turns (commands are not turns)."""
+    needed = (compaction_needed(session=session) if prompt is None
+              else compaction_needed_after_turn(session=session, summary=prompt.summary))
+    if needed:
         # Once the turn's writes are committed, as the compaction task was sent before the
         # run had a row: the turn's own work stays what it was (tests/sessions_app/test_turn_queries.py).
         transaction.on_commit(lambda: compaction_request(session=session))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -147,12 +148,33 @@ def _redis_client(url: str) -> redis.Redis:
     )
 
 
+# A reply's deltas are one XADD each: the stream's expiry is (re)set with its first event
+# published by this process, with its END, and otherwise at most every EXPIRY_REFRESH_SECONDS
+# (an EXPIRE with every delta was half of what publishing cost a turn). The expiry reaches
+# that much further, so a stream still lives RETAIN_SECONDS after its last event.
+EXPIRY_REFRESH_SECONDS = 60.0
+_expiry_set: dict[str, float] = {}  # stream -> when this process last set its expiry (monotonic)
+_EXPIRY_TRACKED_MAX = 1000
+
+
 def _redis_publish(stream: str, kind: str, data: dict[str, Any]) -> None:
     key = _key(stream)
-    pipe = _redis_client(settings.REDIS_URL).pipeline(transaction=False)
-    pipe.xadd(key, {"kind": kind, "data": json.dumps(data)}, maxlen=MAX_EVENTS_PER_TURN, approximate=True)
-    pipe.expire(key, RETAIN_SECONDS)
+    client = _redis_client(settings.REDIS_URL)
+    fields = {"kind": kind, "data": json.dumps(data)}
+    now = time.monotonic()
+    if kind != END and now - _expiry_set.get(stream, -math.inf) < EXPIRY_REFRESH_SECONDS:
+        client.xadd(key, fields, maxlen=MAX_EVENTS_PER_TURN, approximate=True)
+        return
+    pipe = client.pipeline(transaction=False)
+    pipe.xadd(key, fields, maxlen=MAX_EVENTS_PER_TURN, approximate=True)
+    pipe.expire(key, int(RETAIN_SECONDS + EXPIRY_REFRESH_SECONDS))
     pipe.execute()
+    if kind == END:
+        _expiry_set.pop(stream, None)
+    else:
+        if len(_expiry_set) >= _EXPIRY_TRACKED_MAX:
+            _expiry_set.clear()  # turns whose process never published their end; they only lose the shortcut
+        _expiry_set[stream] = now
 
 
 def _block_ms(timeout: float) -> int | None:

@@ -91,3 +91,32 @@ def test_an_event_with_a_lone_surrogate_is_sent_and_reads_back_the_same():
 def test_a_blocking_read_ends_before_the_socket_timeout(settings, socket_timeout, wait, block_ms):
     settings.REDIS_SOCKET_TIMEOUT_SECONDS = socket_timeout
     assert events._block_ms(wait) == block_ms
+
+
+def test_a_redis_stream_lives_the_retention_after_its_last_event(settings):
+    """Deltas are one XADD each: the stream's expiry is set with its first event and its end,
+    and again when this process last set it EXPIRY_REFRESH_SECONDS ago."""
+    if not settings.REDIS_URL:
+        pytest.skip("needs REDIS_URL (the turn event streams)")
+    turn = SimpleNamespace(pk=987_654, created_at=datetime.now(UTC))
+    stream = events.turn_stream(turn)
+    client = events._redis_client(settings.REDIS_URL)
+    key = events._key(stream)
+    client.delete(key)
+    try:
+        for _ in range(30):
+            events.turn_event_publish(turn, events.DELTA, {"text": "x"})
+        assert client.xlen(key) == 30
+        assert client.ttl(key) >= events.RETAIN_SECONDS
+
+        client.persist(key)  # as if the expiry had been set long ago and were running out
+        events._expiry_set[stream] -= events.EXPIRY_REFRESH_SECONDS + 1
+        events.turn_event_publish(turn, events.DELTA, {"text": "x"})
+        assert client.ttl(key) >= events.RETAIN_SECONDS
+
+        client.persist(key)
+        events.turn_event_publish(turn, events.END, {"status": "done", "code": ""})
+        assert client.ttl(key) >= events.RETAIN_SECONDS
+        assert stream not in events._expiry_set
+    finally:
+        client.delete(key)
