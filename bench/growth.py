@@ -8,8 +8,8 @@ PNG (bench/results/growth-postgresql.png) with the JSON beside it. See bench/REA
     ... --no-million     # skip the team of 1,000,000 memories (the slowest load)
     python bench/growth.py --redraw     # the PNG again from the JSON, nothing measured
 
-One throwaway database per team size (`--database` prefix + _10k, _100k, _1m; dropped
-at the end), so a small team's search does not read GIN posting lists a million
+One throwaway database per team size (`--database` prefix + _10000, _100000, _1000000;
+dropped at the end), so a small team's search does not read GIN posting lists a million
 memories long. A team of N memories has a "big" kin holding 10 % of them, 0.9 % are
 team-shared and the rest belong to regular kins of at most 9,900 each (at 1,000,000:
 bench/memory_growth.py's layout). The sessions (bench/synthetic.py messages_copy) belong
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every size (smoke runs)")
     parser.add_argument("--seed", type=int, default=19)
     parser.add_argument("--database", default="kinsite_bench_growth_curves",
-                        help="prefix of the throwaway databases (<prefix>_10k, ...)")
+                        help="prefix of the throwaway databases (<prefix>_10000, ...)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the JSON and PNG go")
     args = parser.parse_args(argv)
     json_path = args.out / f"{NAME}-postgresql.json"
