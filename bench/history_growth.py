@@ -12,14 +12,11 @@ It creates and drops a throwaway database (--database, default
 kinsite_bench_history_growth) on the DATABASE_URL server."""
 import argparse
 import importlib.util
-import io
 import os
 import random
 import sys
 import time
 from collections import defaultdict
-from datetime import UTC, datetime, timedelta
-from itertools import accumulate
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -33,80 +30,12 @@ from bench.common import (  # noqa: E402
     machine_state_line,
     write_results,
 )
-from bench.synthetic import PEOPLE  # noqa: E402
+from bench.synthetic import HISTORY_KINDS, HistoryCorpus, messages_copy  # noqa: E402
 
 DEFAULT_DATABASE = "kinsite_bench_history_growth"
 SIZES = (1_000, 100_000)
-VOCABULARY = 30_000
-MESSAGE_WORDS = (5, 30)
 SEARCH_LIMIT = 10
-COPY_BATCH = 10_000
-KINDS = ("rare", "common", "name", "one_word", "many_words")
-# Rank bands of the vocabulary (rank 1 is the most frequent word; rank r is drawn with
-# weight 1/r): at 100,000 messages rank 1 is on about half the messages, rank 30 on ~3 %,
-# rank 300 on ~0.3 %, rank 3,000 and beyond on a few dozen at most.
-COMMON_RANKS = (1, 30)
-MIDDLE_RANKS = (30, 1_000)
-RARE_RANKS = (3_000, VOCABULARY)
-
-_SYLLABLES = [c + v for c in "bdfgklmnprtvz" for v in "aeiou"]
-
-
-def vocabulary(rng: random.Random) -> list[str]:
-    """VOCABULARY distinct made-up words of 2–4 syllables, most frequent first; never an
-    English stop word, and distinct after stemming (they end in a vowel + 'x')."""
-    words: set[str] = set()
-    while len(words) < VOCABULARY:
-        words.add("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 4))) + "x")
-    ordered = sorted(words)
-    rng.shuffle(ordered)
-    return ordered
-
-
-class Corpus:
-    def __init__(self, seed: int):
-        self.rng = random.Random(seed)
-        self.words = vocabulary(self.rng)
-        self.cumulative = list(accumulate(1 / rank for rank in range(1, VOCABULARY + 1)))
-
-    def message(self) -> str:
-        count = self.rng.randint(*MESSAGE_WORDS)
-        return " ".join(self.rng.choices(self.words, cum_weights=self.cumulative, k=count))
-
-    def band(self, ranks: tuple[int, int], rng: random.Random) -> str:
-        return self.words[rng.randrange(ranks[0] - 1, ranks[1])]
-
-    def query(self, kind: str, rng: random.Random) -> str:
-        if kind == "rare":
-            return f"what did they say about {self.band(RARE_RANKS, rng)} and {self.band(COMMON_RANKS, rng)}"
-        if kind == "common":
-            return " ".join(self.band(COMMON_RANKS, rng) for _ in range(rng.randint(2, 3)))
-        if kind == "name":
-            return f"{rng.choice(PEOPLE)} {self.band(COMMON_RANKS, rng)}"
-        if kind == "one_word":
-            return self.band(MIDDLE_RANKS, rng)
-        bands = (COMMON_RANKS, MIDDLE_RANKS, RARE_RANKS)
-        return " ".join(self.band(bands[i % 3], rng) for i in range(12))
-
-
-def bulk_load(session_id: int, count: int, corpus: Corpus) -> float:
-    """`count` messages by COPY (the insert triggers run once per batch, as for an
-    import); returns the seconds it took."""
-    from django.db import connection
-
-    started = time.perf_counter()
-    first = datetime(2026, 1, 1, tzinfo=UTC)
-    columns = "session_id, kind, role, content, sender, platform, external_id, token_count, data, created_at"
-    for start in range(0, count, COPY_BATCH):
-        buffer = io.StringIO()
-        for i in range(start, min(count, start + COPY_BATCH)):
-            sender = PEOPLE[i % 4]  # four speakers, as in a small group chat
-            created = (first + timedelta(seconds=30 * i)).isoformat()
-            buffer.write(f"{session_id}\tmessage\tuser\t{corpus.message()}\t{sender}\tapi\tm{i}\t0\t{{}}\t{created}\n")
-        copy_sql = f"COPY sessions_app_event ({columns}) FROM STDIN"
-        with connection.cursor() as cursor, cursor.cursor.copy(copy_sql) as copy:
-            copy.write(buffer.getvalue())
-    return time.perf_counter() - started
+KINDS = HISTORY_KINDS
 
 
 def load_selectors(checkout: Path):
@@ -134,13 +63,13 @@ def run(*, sizes: tuple[int, ...], queries_per_kind: int, seed: int, compare_wit
     client = Client(HTTP_AUTHORIZATION=f"Bearer {raw_token}")
     kin = client.post("/api/v1/kins/", {"name": "Reader"}, content_type="application/json").json()
 
-    corpus = Corpus(seed)
+    corpus = HistoryCorpus(seed)
     sessions, load_seconds = {}, {}
     for size in sizes:
         session = client.post(f"/api/v1/kins/{kin['id']}/sessions/", {"title": f"{size} messages"},
                               content_type="application/json").json()
         sessions[size] = session["id"]
-        load_seconds[size] = round(bulk_load(session["id"], size, corpus), 1)
+        load_seconds[size] = round(messages_copy(session["id"], size, corpus), 1)
         print(f"loaded {size} messages in {load_seconds[size]} s", flush=True)
     with connection.cursor() as cursor:
         # What autovacuum does within a minute of such a bulk load (bench/history_search.py does the same).

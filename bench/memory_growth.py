@@ -23,7 +23,6 @@ import argparse
 import random
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,100 +35,36 @@ from bench.common import (  # noqa: E402
     machine_state_line,
     write_results,
 )
-from bench.synthetic import CATEGORIES, PEOPLE, TOPICS, message_text, sentence  # noqa: E402
+from bench.synthetic import MEMORY_KINDS, memories_copy, memory_query  # noqa: E402
 
-KINDS = ("rare", "common", "names", "one_word", "many_words")
+KINDS = MEMORY_KINDS
 LAYOUTS = {
     # name: (regular kins, memories per regular kin, big kin's memories, shared memories)
     "10k": (10, 990, 0, 100),
     "1m": (90, 9_900, 100_000, 9_000),
 }
-RARE_CODES = 200_000
-SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pu", "da", "fe", "gi", "ho", "ju"]
-
-
-def rare_code(index: int) -> str:
-    """A made-up word per index (base-15 syllables): 'kalomi', 'rutisa', ..."""
-    parts = []
-    for _ in range(5):
-        index, digit = divmod(index, len(SYLLABLES))
-        parts.append(SYLLABLES[digit])
-    return "".join(parts) + "x"
-
-
-def memory_text(rng: random.Random) -> str:
-    text = sentence(rng)
-    if rng.random() < 1 / 3:
-        text += f", ref {rare_code(rng.randrange(RARE_CODES))}"
-    return text
-
-
-def query_text(rng: random.Random, kind: str) -> str:
-    if kind == "rare":
-        return f"what about {rare_code(rng.randrange(RARE_CODES))} and the {rng.choice(TOPICS)}"
-    if kind == "common":
-        return sentence(rng)
-    if kind == "names":
-        return " and ".join(rng.sample(PEOPLE, rng.randint(1, 2)))
-    if kind == "one_word":
-        return rng.choice(TOPICS[:20])
-    return message_text(rng, min_words=30, max_words=60)
 
 
 def load(*, layout: tuple[int, int, int, int], seed: int, id_offset: int) -> dict:
-    """The layout's team, kins and memories in the current database, by COPY, the search
-    indexes dropped during the load and built after it. Ids start at id_offset so the two
-    databases' teams and kins never share an id: no per-process cache keyed by ids (the
-    vector caches) mixes the two."""
+    """The layout's team, kins and memories in the current database (bench/synthetic.py
+    memories_copy). Ids start at id_offset so the two databases' teams and kins never
+    share an id: no per-process cache keyed by ids (the vector caches) mixes the two."""
     from django.db import connection
-    from django.utils import timezone
 
+    from kinsite.models import Kin, Team
     from kinsite.services import team_create
     from sessions_app.services import kin_create
 
     regular, per_kin, big, shared = layout
-    from kinsite.models import Kin, Team
-
     with connection.cursor() as cursor:
         for table in (Team._meta.db_table, Kin._meta.db_table):
             cursor.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), {id_offset})")
     team = team_create(name="Growth team", slug=f"growth{id_offset}")
     kins = [kin_create(team=team, name=f"Kin {n}") for n in range(regular)]
     big_kin = kin_create(team=team, name="Big kin") if big else None
-    rng = random.Random(seed)
-    now = timezone.now()
-    started = time.monotonic()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories_memory' "
-                       "AND indexdef ILIKE '%%gin%%'")
-        gin_indexes = cursor.fetchall()
-        for name, _ in gin_indexes:
-            cursor.execute(f"DROP INDEX {name}")
-        # The vector trigger (a row trigger) keeps vector generations; the benchmark has no
-        # vectors. The full-text counters' statement trigger stays: it counts the COPY at once.
-        cursor.execute("ALTER TABLE memories_memory DISABLE TRIGGER memories_memory_vector_seq")
-        columns = ("team_id, kin_id, category, content, subject, importance, status, source, source_ref, "
-                   "retrieval_count, embedding_model, vector_seq, created_at, updated_at")
-        owners = [(kin.pk, per_kin) for kin in kins] + ([(big_kin.pk, big)] if big_kin else []) + [(None, shared)]
-        # The kins' memories interleave in the heap and the indexes, as written over time
-        # by kins that are all active (a load kin by kin would keep each kin's rows together).
-        owner_of_row = [kin_id for kin_id, count in owners for _ in range(count)]
-        rng.shuffle(owner_of_row)
-        with cursor.copy(f"COPY memories_memory ({columns}) FROM STDIN") as copy:
-            for kin_id in owner_of_row:
-                moment = now - timedelta(days=rng.randint(0, 365), seconds=rng.randint(0, 86_400))
-                copy.write_row((team.pk, kin_id, rng.choice(CATEGORIES), memory_text(rng), rng.choice(PEOPLE),
-                                rng.randint(1, 10), "active", "api", "", 0, "", 0, moment, moment))
-        copy_seconds = time.monotonic() - started
-        cursor.execute("ALTER TABLE memories_memory ENABLE TRIGGER memories_memory_vector_seq")
-        cursor.execute("SET maintenance_work_mem = '256MB'")
-        for _, definition in gin_indexes:
-            cursor.execute(definition)
-        index_seconds = time.monotonic() - started - copy_seconds
-        cursor.execute("VACUUM ANALYZE memories_memory")
-    return {"team": team, "kins": kins, "big_kin": big_kin, "memories": sum(count for _, count in owners),
-            "copy_seconds": round(copy_seconds, 1), "index_seconds": round(index_seconds, 1),
-            "load_seconds": round(time.monotonic() - started, 1)}
+    owners = [(kin.pk, per_kin) for kin in kins] + ([(big_kin.pk, big)] if big_kin else []) + [(None, shared)]
+    loaded = memories_copy(team=team, owners=owners, seed=seed)
+    return {"team": team, "kins": kins, "big_kin": big_kin, **loaded}
 
 
 def use_database(name: str) -> None:
@@ -164,8 +99,7 @@ def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int, bas
         use_database(database)
         call_command("migrate", verbosity=0)
         loaded[layout] = load(layout=LAYOUTS[layout], seed=seed + offset, id_offset=(offset + 1) * 1000)
-        print(f"  loaded {layout}: {loaded[layout]['memories']:,} memories in {loaded[layout]['load_seconds']} s "
-              f"(COPY {loaded[layout]['copy_seconds']} s, GIN indexes {loaded[layout]['index_seconds']} s)",
+        print(f"  loaded {layout}: {loaded[layout]['memories']:,} memories in {loaded[layout]['load_seconds']} s",
               flush=True)
     version = database_version(connection)
     rng = random.Random(seed + 99)
@@ -200,7 +134,7 @@ def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int, bas
                 layout, suffix = name.split(" ")[0], name[len(name.split(" ")[0]):]
                 connections["default"] = wrappers[layout]
                 postgres.text_scores = versions[suffix]
-                kin, text = rng.choice(kins), query_text(rng, kind)
+                kin, text = rng.choice(kins), memory_query(rng, kind)
                 started = time.perf_counter()
                 try:
                     hits = memory_search(team=loaded[layout]["team"], kin=kin, query=text,
@@ -224,9 +158,8 @@ def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int, bas
         "database_version": version,
         "layouts": {name: {"regular_kins": LAYOUTS[name][0], "per_regular_kin": LAYOUTS[name][1],
                            "big_kin": LAYOUTS[name][2], "shared": LAYOUTS[name][3],
-                           "memories": loaded[name]["memories"], "load_seconds": loaded[name]["load_seconds"],
-                           "copy_seconds": loaded[name]["copy_seconds"],
-                           "index_seconds": loaded[name]["index_seconds"]} for name in databases},
+                           "memories": loaded[name]["memories"], "load_seconds": loaded[name]["load_seconds"]}
+                    for name in databases},
         "baseline": str(baseline) if baseline else None,
         "rounds": rounds,
         "per_kind_per_round": per_kind,
