@@ -136,12 +136,16 @@ def compaction_needed_after_turn(*, session: Session, summary: Boundary | None) 
     session lock instead of reading it again: one query. A compaction finishing in between
     leaves it counting from the older boundary, so at worst it requests a run that finds
     the history under the trigger, as two racing requests may (compaction_request)."""
-    return unsummarised_tokens(session.pk, summary) > settings.COMPACTION_TRIGGER_RATIO * _history_budget(session)
+    return _tokens_over_trigger(session, unsummarised_tokens(session.pk, summary))
 
 
 def _over_trigger(session: Session, summary: Summary | None) -> bool:
     tokens = unsummarised_events(session=session, summary=summary).aggregate(total=Sum("token_count"))["total"]
-    return (tokens or 0) > settings.COMPACTION_TRIGGER_RATIO * _history_budget(session)
+    return _tokens_over_trigger(session, tokens or 0)
+
+
+def _tokens_over_trigger(session: Session, tokens: int) -> bool:
+    return tokens > settings.COMPACTION_TRIGGER_RATIO * _history_budget(session)
 
 
 # --- the cut (pure) ------------------------------------------------------------------------
