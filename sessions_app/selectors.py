@@ -131,10 +131,12 @@ TERM_CANDIDATES = 1000
 # the neighbour step takes its seeds.
 RESCORE_POOL = 200
 
-# BM25 term score of a posting `p` (tf, doc_length) with the scope's sampled average
-# length `z.avg_length`, times the term's idf `w.idf`.
-_BM25 = """w.idf * p.tf * (%(k1)s::float8 + 1)
-    / (p.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * p.doc_length / z.avg_length))"""
+# BM25 term score of a posting `p` (tf, doc_length): idf * tf * (k1 + 1) / (tf + k1 * (1 - b
+# + b * doc_length / avg_length)), with the scope's sampled average length, written with
+# the per-term constants of `term_weights` w: weight = idf * (k1 + 1), norm = k1 * (1 - b),
+# norm_per_lexeme = k1 * b / avg_length. Computed for every posting read, so it is kept
+# to four operations on columns of the posting and its term (no join per posting).
+_BM25 = "w.weight * p.tf / (p.tf + w.norm + w.norm_per_lexeme * p.doc_length)"
 # BM25 of the messages whose ids `{ids}` yields (a subquery), from all their postings of
 # the query's terms: (event_id, score), computed only when a term is capped (a one-time
 # filter: otherwise the postings read already hold every term of every candidate).
@@ -143,7 +145,6 @@ _RESCORED = f"""
     SELECT p.event_id, sum({_BM25}) AS score
     FROM term_weights w
     JOIN sessions_app_searchposting p ON p.lexeme = w.lexeme
-    CROSS JOIN scope_sample z
     WHERE EXISTS (SELECT 1 FROM capped) AND p.event_id IN ({{ids}})
     GROUP BY p.event_id
 """
@@ -203,37 +204,43 @@ def _search_postgresql(terms, scope, scope_param, pool):
             SELECT lexeme, count(*)::float8 AS postings FROM best_postings GROUP BY lexeme
         ),
         -- A capped term (not all its postings read): how many of the sample's messages
-        -- hold it (one pass over the sample per such term).
+        -- hold it (one pass over the sample per such term, its tsquery built once).
+        capped_terms AS MATERIALIZED (
+            SELECT lexeme, quote_literal(lexeme)::tsquery AS term FROM term_postings
+            WHERE postings >= %(term_candidates)s
+        ),
         capped AS MATERIALIZED (
-            SELECT t.lexeme, n.n / z.size * (
-                SELECT count(*) FROM sample s WHERE s.search_tsv @@ quote_literal(t.lexeme)::tsquery
-            ) AS sampled_df
-            FROM term_postings t CROSS JOIN scope_size n CROSS JOIN scope_sample z
-            WHERE t.postings >= %(term_candidates)s
+            SELECT t.lexeme, n.n / z.size * (SELECT count(*) FROM sample s WHERE s.search_tsv @@ t.term) AS sampled_df
+            FROM capped_terms t CROSS JOIN scope_size n CROSS JOIN scope_sample z
         ),
         term_weights AS MATERIALIZED (
-            SELECT d.lexeme, ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf
+            SELECT d.lexeme,
+                   ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5)) * (%(k1)s::float8 + 1) AS weight,
+                   %(k1)s::float8 * (1 - %(b)s::float8) AS norm,
+                   %(k1)s::float8 * %(b)s::float8 / z.avg_length AS norm_per_lexeme
             FROM (
                 SELECT t.lexeme, greatest(t.postings, coalesce(c.sampled_df, 0)) AS df
                 FROM term_postings t LEFT JOIN capped c ON c.lexeme = t.lexeme
             ) d
-            CROSS JOIN scope_size n
+            CROSS JOIN scope_size n CROSS JOIN scope_sample z
         ),
         candidates AS MATERIALIZED (
             SELECT p.event_id, sum({_BM25}) AS score
-            FROM best_postings p JOIN term_weights w ON w.lexeme = p.lexeme CROSS JOIN scope_sample z
+            FROM best_postings p JOIN term_weights w ON w.lexeme = p.lexeme
             GROUP BY p.event_id
         ),
         rescore_pool AS MATERIALIZED (
             SELECT event_id, score FROM candidates ORDER BY score DESC, event_id LIMIT %(rescore_pool)s
         ),
         rescored AS MATERIALIZED ({_RESCORED.format(ids="SELECT event_id FROM rescore_pool")}),
+        -- Only the `pool` seeds are looked up in the event table.
         seeds AS MATERIALIZED (
-            SELECT e.id, e.session_id, e.created_at, coalesce(r.score, c.score) AS score
-            FROM rescore_pool c
-            LEFT JOIN rescored r ON r.event_id = c.event_id
-            JOIN sessions_app_event e ON e.id = c.event_id
-            ORDER BY score DESC, e.id LIMIT %(pool)s
+            SELECT e.id, e.session_id, e.created_at, b.score FROM (
+                SELECT c.event_id, coalesce(r.score, c.score) AS score
+                FROM rescore_pool c LEFT JOIN rescored r ON r.event_id = c.event_id
+                ORDER BY score DESC, c.event_id LIMIT %(pool)s
+            ) b
+            JOIN sessions_app_event e ON e.id = b.event_id
         ),
         windows AS MATERIALIZED (
             SELECT s.id, s.score, {_PREVIOUS_MESSAGE} AS previous_id, {_NEXT_MESSAGE} AS next_id FROM seeds s
