@@ -161,7 +161,8 @@ def _search_postgresql(terms, scope, scope_param, pool):
        over the scope's size (MessageCount);
     2. every message of those postings is a candidate, scored from them (tf, length
        normalised by the scope's sampled average length): exact when no term is capped;
-       otherwise the best RESCORE_POOL are scored again from all their postings;
+       otherwise those of the best RESCORE_POOL that miss a posting of a capped term are
+       scored again from all their postings;
     3. the best `pool` are the seeds of the neighbour step. A neighbour's score is its
        candidate score, or when a term is capped its score from all its postings (0 when
        it matches no query term).
@@ -214,25 +215,29 @@ def _search_postgresql(terms, scope, scope_param, pool):
             FROM capped_terms t CROSS JOIN scope_size n CROSS JOIN scope_sample z
         ),
         term_weights AS MATERIALIZED (
-            SELECT d.lexeme,
+            SELECT d.lexeme, d.capped,
                    ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5)) * (%(k1)s::float8 + 1) AS weight,
                    %(k1)s::float8 * (1 - %(b)s::float8) AS norm,
                    %(k1)s::float8 * %(b)s::float8 / z.avg_length AS norm_per_lexeme
             FROM (
-                SELECT t.lexeme, greatest(t.postings, coalesce(c.sampled_df, 0)) AS df
+                SELECT t.lexeme, c.lexeme IS NOT NULL AS capped,
+                       greatest(t.postings, coalesce(c.sampled_df, 0)) AS df
                 FROM term_postings t LEFT JOIN capped c ON c.lexeme = t.lexeme
             ) d
             CROSS JOIN scope_size n CROSS JOIN scope_sample z
         ),
         candidates AS MATERIALIZED (
-            SELECT p.event_id, sum({_BM25}) AS score
+            SELECT p.event_id, sum({_BM25}) AS score, count(*) FILTER (WHERE w.capped) AS capped_read
             FROM best_postings p JOIN term_weights w ON w.lexeme = p.lexeme
             GROUP BY p.event_id
         ),
         rescore_pool AS MATERIALIZED (
-            SELECT event_id, score FROM candidates ORDER BY score DESC, event_id LIMIT %(rescore_pool)s
+            SELECT event_id, score, capped_read FROM candidates ORDER BY score DESC, event_id LIMIT %(rescore_pool)s
         ),
-        rescored AS MATERIALIZED ({_RESCORED.format(ids="SELECT event_id FROM rescore_pool")}),
+        -- A candidate whose postings read include one of every capped term already has its
+        -- exact score; the others of the pool are rescored.
+        rescored AS MATERIALIZED ({_RESCORED.format(
+            ids="SELECT event_id FROM rescore_pool WHERE capped_read < (SELECT count(*) FROM capped)")}),
         -- Only the `pool` seeds are looked up in the event table.
         seeds AS MATERIALIZED (
             SELECT e.id, e.session_id, e.created_at, b.score FROM (
