@@ -42,9 +42,9 @@ def history_search(*, query: str, limit: int, session: Session | None = None, ki
         scope_sql = "e.session_id IN (SELECT id FROM sessions_app_session WHERE kin_id = %(scope)s)"
     pool = max(limit, NEIGHBOUR_POOL)
     if connection.vendor == "postgresql":
-        windows = _search_postgresql(terms, scope, scope_param, pool)
-    else:
-        windows = _search_sqlite(terms, scope_sql, scope_param, pool)
+        # One statement ranks (as rank_with_neighbours does) and returns the hits' rows.
+        return _search_postgresql(terms, scope, scope_param, pool, limit)
+    windows = _search_sqlite(terms, scope_sql, scope_param, pool)
     ranked = rank_with_neighbours(windows)[:limit]
     events = Event.objects.in_bulk([event_id for event_id, _ in ranked])
     hits = []
@@ -137,6 +137,8 @@ RESCORE_POOL = 200
 # norm_per_lexeme = k1 * b / avg_length. Computed for every posting read, so it is kept
 # to four operations on columns of the posting and its term (no join per posting).
 _BM25 = "w.weight * p.tf / (p.tf + w.norm + w.norm_per_lexeme * p.doc_length)"
+# The event table's columns of the hits, which PostgreSQL's statement returns with their scores.
+_EVENT_COLUMNS = ", ".join(f"e.{field.column}" for field in Event._meta.concrete_fields)
 # BM25 of the messages whose ids `{ids}` yields (a subquery), from all their postings of
 # the query's terms: (event_id, score), computed only when a term is capped (a one-time
 # filter: otherwise the postings read already hold every term of every candidate).
@@ -150,7 +152,7 @@ _RESCORED = f"""
 """
 
 
-def _search_postgresql(terms, scope, scope_param, pool):
+def _search_postgresql(terms, scope, scope_param, pool, limit):
     """BM25 over the search postings (migration 0018: one row per message and lexeme of
     the stored search_tsv, with its term frequency (a sender match counts SENDER_WEIGHT),
     the message's length in lexemes and a BM25 impact at a fixed typical length), in one
@@ -165,7 +167,9 @@ def _search_postgresql(terms, scope, scope_param, pool):
        scored again from all their postings;
     3. the best `pool` are the seeds of the neighbour step. A neighbour's score is its
        candidate score, or when a term is capped its score from all its postings (0 when
-       it matches no query term).
+       it matches no query term);
+    4. the best `limit` by rank_with_neighbours' formula, returned as Events with a `score`
+       (the hits' rows come with the statement: no second query).
     Arithmetic is float8: numeric ln() and division cost more than the rest of the query.
     Lexemes come from to_tsvector over query_terms (word characters only)."""
     if scope == "session":
@@ -256,11 +260,19 @@ def _search_postgresql(terms, scope, scope_param, pool):
             SELECT event_id, score FROM candidates WHERE NOT EXISTS (SELECT 1 FROM capped)
             UNION ALL
             SELECT event_id, score FROM neighbours_rescored
+        ),
+        -- rank_with_neighbours, in SQL: the best `limit` windows by their own score plus
+        -- NEIGHBOUR_WEIGHT times their better neighbour's; then the hits' rows, best first.
+        ranked AS MATERIALIZED (
+            SELECT w.id, w.score + %(neighbour_weight)s::float8
+                * greatest(coalesce(previous.score, 0), coalesce(following.score, 0)) AS score
+            FROM windows w
+            LEFT JOIN neighbour_scores previous ON previous.event_id = w.previous_id
+            LEFT JOIN neighbour_scores following ON following.event_id = w.next_id
+            ORDER BY score DESC, w.id LIMIT %(limit)s
         )
-        SELECT w.id, w.score, previous.score, following.score
-        FROM windows w
-        LEFT JOIN neighbour_scores previous ON previous.event_id = w.previous_id
-        LEFT JOIN neighbour_scores following ON following.event_id = w.next_id
+        SELECT {_EVENT_COLUMNS}, r.score FROM ranked r JOIN sessions_app_event e ON e.id = r.id
+        ORDER BY r.score DESC, r.id
     """
     params = {
         "text": " ".join(terms),
@@ -271,10 +283,10 @@ def _search_postgresql(terms, scope, scope_param, pool):
         "term_candidates": TERM_CANDIDATES,
         "rescore_pool": max(RESCORE_POOL, pool),
         "pool": pool,
+        "neighbour_weight": NEIGHBOUR_WEIGHT,
+        "limit": limit,
     }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
+    return list(Event.objects.raw(sql, params))
 
 
 def _search_sqlite(terms, scope_sql, scope_param, pool):
