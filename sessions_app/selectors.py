@@ -42,9 +42,9 @@ def history_search(*, query: str, limit: int, session: Session | None = None, ki
         scope_sql = "e.session_id IN (SELECT id FROM sessions_app_session WHERE kin_id = %(scope)s)"
     pool = max(limit, NEIGHBOUR_POOL)
     if connection.vendor == "postgresql":
-        windows = _search_postgresql(terms, scope, scope_param, pool)
-    else:
-        windows = _search_sqlite(terms, scope_sql, scope_param, pool)
+        # One statement ranks (as rank_with_neighbours does) and returns the hits' rows.
+        return _search_postgresql(terms, scope, scope_param, pool, limit)
+    windows = _search_sqlite(terms, scope_sql, scope_param, pool)
     ranked = rank_with_neighbours(windows)[:limit]
     events = Event.objects.in_bulk([event_id for event_id, _ in ranked])
     hits = []
@@ -131,10 +131,14 @@ TERM_CANDIDATES = 1000
 # the neighbour step takes its seeds.
 RESCORE_POOL = 200
 
-# BM25 term score of a posting `p` (tf, doc_length) with the scope's sampled average
-# length `z.avg_length`, times the term's idf `w.idf`.
-_BM25 = """w.idf * p.tf * (%(k1)s::float8 + 1)
-    / (p.tf + %(k1)s::float8 * (1 - %(b)s::float8 + %(b)s::float8 * p.doc_length / z.avg_length))"""
+# BM25 term score of a posting `p` (tf, doc_length): idf * tf * (k1 + 1) / (tf + k1 * (1 - b
+# + b * doc_length / avg_length)), with the scope's sampled average length, written with
+# the per-term constants of `term_weights` w: weight = idf * (k1 + 1), norm = k1 * (1 - b),
+# norm_per_lexeme = k1 * b / avg_length. Computed for every posting read, so it is kept
+# to four operations on columns of the posting and its term (no join per posting).
+_BM25 = "w.weight * p.tf / (p.tf + w.norm + w.norm_per_lexeme * p.doc_length)"
+# The event table's columns of the hits, which PostgreSQL's statement returns with their scores.
+_EVENT_COLUMNS = ", ".join(f"e.{field.column}" for field in Event._meta.concrete_fields)
 # BM25 of the messages whose ids `{ids}` yields (a subquery), from all their postings of
 # the query's terms: (event_id, score), computed only when a term is capped (a one-time
 # filter: otherwise the postings read already hold every term of every candidate).
@@ -143,13 +147,12 @@ _RESCORED = f"""
     SELECT p.event_id, sum({_BM25}) AS score
     FROM term_weights w
     JOIN sessions_app_searchposting p ON p.lexeme = w.lexeme
-    CROSS JOIN scope_sample z
     WHERE EXISTS (SELECT 1 FROM capped) AND p.event_id IN ({{ids}})
     GROUP BY p.event_id
 """
 
 
-def _search_postgresql(terms, scope, scope_param, pool):
+def _search_postgresql(terms, scope, scope_param, pool, limit):
     """BM25 over the search postings (migration 0018: one row per message and lexeme of
     the stored search_tsv, with its term frequency (a sender match counts SENDER_WEIGHT),
     the message's length in lexemes and a BM25 impact at a fixed typical length), in one
@@ -160,10 +163,13 @@ def _search_postgresql(terms, scope, scope_param, pool):
        over the scope's size (MessageCount);
     2. every message of those postings is a candidate, scored from them (tf, length
        normalised by the scope's sampled average length): exact when no term is capped;
-       otherwise the best RESCORE_POOL are scored again from all their postings;
+       otherwise those of the best RESCORE_POOL that miss a posting of a capped term are
+       scored again from all their postings;
     3. the best `pool` are the seeds of the neighbour step. A neighbour's score is its
        candidate score, or when a term is capped its score from all its postings (0 when
-       it matches no query term).
+       it matches no query term);
+    4. the best `limit` by rank_with_neighbours' formula, returned as Events with a `score`
+       (the hits' rows come with the statement: no second query).
     Arithmetic is float8: numeric ln() and division cost more than the rest of the query.
     Lexemes come from to_tsvector over query_terms (word characters only)."""
     if scope == "session":
@@ -203,37 +209,47 @@ def _search_postgresql(terms, scope, scope_param, pool):
             SELECT lexeme, count(*)::float8 AS postings FROM best_postings GROUP BY lexeme
         ),
         -- A capped term (not all its postings read): how many of the sample's messages
-        -- hold it (one pass over the sample per such term).
+        -- hold it (one pass over the sample per such term, its tsquery built once).
+        capped_terms AS MATERIALIZED (
+            SELECT lexeme, quote_literal(lexeme)::tsquery AS term FROM term_postings
+            WHERE postings >= %(term_candidates)s
+        ),
         capped AS MATERIALIZED (
-            SELECT t.lexeme, n.n / z.size * (
-                SELECT count(*) FROM sample s WHERE s.search_tsv @@ quote_literal(t.lexeme)::tsquery
-            ) AS sampled_df
-            FROM term_postings t CROSS JOIN scope_size n CROSS JOIN scope_sample z
-            WHERE t.postings >= %(term_candidates)s
+            SELECT t.lexeme, n.n / z.size * (SELECT count(*) FROM sample s WHERE s.search_tsv @@ t.term) AS sampled_df
+            FROM capped_terms t CROSS JOIN scope_size n CROSS JOIN scope_sample z
         ),
         term_weights AS MATERIALIZED (
-            SELECT d.lexeme, ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf
+            SELECT d.lexeme, d.capped,
+                   ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5)) * (%(k1)s::float8 + 1) AS weight,
+                   %(k1)s::float8 * (1 - %(b)s::float8) AS norm,
+                   %(k1)s::float8 * %(b)s::float8 / z.avg_length AS norm_per_lexeme
             FROM (
-                SELECT t.lexeme, greatest(t.postings, coalesce(c.sampled_df, 0)) AS df
+                SELECT t.lexeme, c.lexeme IS NOT NULL AS capped,
+                       greatest(t.postings, coalesce(c.sampled_df, 0)) AS df
                 FROM term_postings t LEFT JOIN capped c ON c.lexeme = t.lexeme
             ) d
-            CROSS JOIN scope_size n
+            CROSS JOIN scope_size n CROSS JOIN scope_sample z
         ),
         candidates AS MATERIALIZED (
-            SELECT p.event_id, sum({_BM25}) AS score
-            FROM best_postings p JOIN term_weights w ON w.lexeme = p.lexeme CROSS JOIN scope_sample z
+            SELECT p.event_id, sum({_BM25}) AS score, count(*) FILTER (WHERE w.capped) AS capped_read
+            FROM best_postings p JOIN term_weights w ON w.lexeme = p.lexeme
             GROUP BY p.event_id
         ),
         rescore_pool AS MATERIALIZED (
-            SELECT event_id, score FROM candidates ORDER BY score DESC, event_id LIMIT %(rescore_pool)s
+            SELECT event_id, score, capped_read FROM candidates ORDER BY score DESC, event_id LIMIT %(rescore_pool)s
         ),
-        rescored AS MATERIALIZED ({_RESCORED.format(ids="SELECT event_id FROM rescore_pool")}),
+        -- A candidate whose postings read include one of every capped term already has its
+        -- exact score; the others of the pool are rescored.
+        rescored AS MATERIALIZED ({_RESCORED.format(
+            ids="SELECT event_id FROM rescore_pool WHERE capped_read < (SELECT count(*) FROM capped)")}),
+        -- Only the `pool` seeds are looked up in the event table.
         seeds AS MATERIALIZED (
-            SELECT e.id, e.session_id, e.created_at, coalesce(r.score, c.score) AS score
-            FROM rescore_pool c
-            LEFT JOIN rescored r ON r.event_id = c.event_id
-            JOIN sessions_app_event e ON e.id = c.event_id
-            ORDER BY score DESC, e.id LIMIT %(pool)s
+            SELECT e.id, e.session_id, e.created_at, b.score FROM (
+                SELECT c.event_id, coalesce(r.score, c.score) AS score
+                FROM rescore_pool c LEFT JOIN rescored r ON r.event_id = c.event_id
+                ORDER BY score DESC, c.event_id LIMIT %(pool)s
+            ) b
+            JOIN sessions_app_event e ON e.id = b.event_id
         ),
         windows AS MATERIALIZED (
             SELECT s.id, s.score, {_PREVIOUS_MESSAGE} AS previous_id, {_NEXT_MESSAGE} AS next_id FROM seeds s
@@ -244,11 +260,19 @@ def _search_postgresql(terms, scope, scope_param, pool):
             SELECT event_id, score FROM candidates WHERE NOT EXISTS (SELECT 1 FROM capped)
             UNION ALL
             SELECT event_id, score FROM neighbours_rescored
+        ),
+        -- rank_with_neighbours, in SQL: the best `limit` windows by their own score plus
+        -- NEIGHBOUR_WEIGHT times their better neighbour's; then the hits' rows, best first.
+        ranked AS MATERIALIZED (
+            SELECT w.id, w.score + %(neighbour_weight)s::float8
+                * greatest(coalesce(previous.score, 0), coalesce(following.score, 0)) AS score
+            FROM windows w
+            LEFT JOIN neighbour_scores previous ON previous.event_id = w.previous_id
+            LEFT JOIN neighbour_scores following ON following.event_id = w.next_id
+            ORDER BY score DESC, w.id LIMIT %(limit)s
         )
-        SELECT w.id, w.score, previous.score, following.score
-        FROM windows w
-        LEFT JOIN neighbour_scores previous ON previous.event_id = w.previous_id
-        LEFT JOIN neighbour_scores following ON following.event_id = w.next_id
+        SELECT {_EVENT_COLUMNS}, r.score FROM ranked r JOIN sessions_app_event e ON e.id = r.id
+        ORDER BY r.score DESC, r.id
     """
     params = {
         "text": " ".join(terms),
@@ -259,10 +283,10 @@ def _search_postgresql(terms, scope, scope_param, pool):
         "term_candidates": TERM_CANDIDATES,
         "rescore_pool": max(RESCORE_POOL, pool),
         "pool": pool,
+        "neighbour_weight": NEIGHBOUR_WEIGHT,
+        "limit": limit,
     }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
+    return list(Event.objects.raw(sql, params))
 
 
 def _search_sqlite(terms, scope_sql, scope_param, pool):

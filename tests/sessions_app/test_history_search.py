@@ -400,13 +400,39 @@ def test_capped_term_gets_its_document_frequency_from_the_sample(chat_session, m
 
 
 @pytest.mark.postgres
-def test_search_takes_two_queries(chat_session, django_assert_num_queries):
+def test_candidate_missing_a_capped_posting_is_rescored_and_one_holding_all_keeps_its_score(chat_session, monkeypatch):
+    """With five postings read per term, 'carolin' (on 13 messages) is capped, 'zeppelin'
+    and 'harbour' (on 4) are not. A candidate whose postings read include every capped
+    term scores as read ("short"); one whose 'carolin' posting was not read ("long": its
+    length puts it last) is rescored from all its postings. Either way each hit scores as
+    when every posting is read."""
+    from sessions_app import selectors
+
+    add_caroline_chat(chat_session)
+    MessageFactory(session=chat_session, sender="Caroline", content="zeppelin harbour", external_id="short")
+    MessageFactory(session=chat_session, sender="Caroline", external_id="long",
+                   content="the harbour pilot guided every ship past the old lighthouse at dawn today")
+    query = "Caroline zeppelin harbour"
+    exact = {hit.external_id: hit.score
+             for hit in selectors.history_search(query=query, limit=100, session=chat_session)}
+    monkeypatch.setattr(selectors, "TERM_CANDIDATES", 5)
+
+    capped = {hit.external_id: hit.score
+              for hit in selectors.history_search(query=query, limit=100, session=chat_session)}
+
+    assert {"short", "long", "zc", "zm"} <= set(capped)
+    assert capped == pytest.approx({key: exact[key] for key in capped})
+
+
+@pytest.mark.postgres
+def test_search_takes_one_query(chat_session, django_assert_num_queries):
     from sessions_app.selectors import history_search
 
     add_caroline_chat(chat_session)
     for query in ("Caroline zeppelin", "zeppelin", "Caroline", "harbour station"):
-        with django_assert_num_queries(2):  # the search, the hits
-            history_search(query=query, limit=10, session=chat_session)
+        with django_assert_num_queries(1):  # the search returns the hits' rows
+            hits = history_search(query=query, limit=10, session=chat_session)
+        assert hits and all(hit.content and hit.created_at and hit.score > 0 for hit in hits)
 
 
 @pytest.mark.postgres
