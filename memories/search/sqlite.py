@@ -6,8 +6,11 @@ from kinsite.rawsql import aware_datetime
 from kinsite.textsearch import fts5_match_expression
 from memories.search.candidates import BM25_B, BM25_K1, SUBJECT_WEIGHT, TextMatch, hit_columns_sql
 
-# highlight()'s opening marker, one character: the marked column's length minus its own
-# is how many times the term occurs there (the closing marker is empty).
+# Occurrences are counted for this many times `limit` of the best memories by a score that
+# counts every matching term once (see text_scores).
+RECOUNT_FACTOR = 2
+# highlight()'s opening marker: the marked text's length minus the text's own is how many
+# times the term occurs in it (the closing marker is empty).
 _MARK = "|"
 
 
@@ -17,38 +20,51 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
     average length from the whole table (every kin and team), so memories about other
     things, sharing no query word, changed the order of those that match; here the
     collection is the memories in scope that match a term, as on PostgreSQL: N is the sum
-    of the terms' document frequencies, the average length the candidates'.
+    of the terms' document frequencies, the average length the candidates'. Length is in
+    characters: FTS5 gives no token count outside its auxiliary functions, and BM25 only
+    uses it relative to the average (token counts did no better on LoCoMo).
 
-    Term frequency is as in FTS5's bm25(): how many times the term occurs in the content,
-    plus SUBJECT_WEIGHT times in the subject (the porter stemmer's forms count alike: "paint",
-    "painted", "painting"). A memory about the thing asked names it more than once; with a
-    term frequency of 1 whatever the count, LoCoMo recall@10 was 0.011 lower (bench/README.md,
-    "SQLite: term frequency"). The occurrences are counted with highlight() on each term's own
-    match, so each term's postings are read once, and only memories in scope are counted.
-    Length is in characters: FTS5 gives no token count outside its auxiliary functions, and
-    BM25 only uses it relative to the average (token counts did no better on LoCoMo)."""
-    params = {**params, "subject_weight": SUBJECT_WEIGHT, "mark": _MARK, "k1": BM25_K1, "b": BM25_B,
-              "limit": limit}
-    hit_queries, tf_columns, df_columns, idf_columns, score_terms = [], [], [], [], []
+    Term frequency is as in FTS5's bm25(): how many times the term occurs in the content
+    (the porter stemmer's forms alike: "paint", "painted", "painting"), plus SUBJECT_WEIGHT
+    times in the subject. A memory about the thing asked often names it more than once;
+    counting each matching term once lost 0.011 of LoCoMo recall@10 (bench/README.md,
+    "SQLite: term frequency"). Counting takes highlight(), which reads and tokenizes the
+    memory: done for every candidate it doubled a search's median time. So two passes:
+    every candidate is scored counting each term once (1 in the content, SUBJECT_WEIGHT in
+    the subject only; each term's matches per column read once), and the RECOUNT_FACTOR x
+    `limit` best are scored again with the terms' occurrences counted. On LoCoMo (0, 10,000
+    and 50,000 unrelated memories per kin) this chose the same memories as counting them all."""
+    params = {**params, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT, "mark": _MARK,
+              "k1": BM25_K1, "b": BM25_B, "recount": RECOUNT_FACTOR * limit, "limit": limit}
+    once_columns, df_columns, idf_columns, occurrences = [], [], [], []
     for i, term in enumerate(terms):
         params[f"term{i}"] = fts5_match_expression([term])
-        hit_queries.append(
-            f"SELECT {i} AS term, m.id, length(m.content) + length(m.subject) AS length,"
-            f" {_occurrences(1, 'm.content')} + %(subject_weight)s * {_occurrences(0, 'm.subject')} AS tf"
-            f" FROM memories_memory_fts JOIN memories_memory m ON m.id = memories_memory_fts.rowid"
-            f" WHERE memories_memory_fts MATCH %(term{i})s AND m.status = 'active' AND {scope_sql}"
+        params[f"content{i}"] = "content : " + params[f"term{i}"]
+        params[f"subject{i}"] = "subject : " + params[f"term{i}"]
+        once_columns.append(
+            f"CASE WHEN m.id IN (SELECT rowid FROM memories_memory_fts WHERE memories_memory_fts MATCH %(content{i})s)"
+            f" THEN 1.0 WHEN m.id IN (SELECT rowid FROM memories_memory_fts"
+            f" WHERE memories_memory_fts MATCH %(subject{i})s) THEN %(subject_weight)s ELSE 0.0 END AS tf{i}"
         )
-        tf_columns.append(f"total(CASE WHEN term = {i} THEN tf END) AS tf{i}")
         df_columns.append(f"sum(tf{i} > 0) AS df{i}")
         idf_columns.append(f"ln(1.0 + (f.n - f.df{i} + 0.5) / (f.df{i} + 0.5)) AS idf{i}")
-        score_terms.append(f"w.idf{i} * c.tf{i} * (%(k1)s + 1.0) / (c.tf{i} + %(k1)s"
-                           f" * (1.0 - %(b)s + %(b)s * c.length / w.avg_length))")
+        # highlight() only works on the cursor of the MATCH: CROSS JOIN keeps the FTS5 table
+        # the outer loop (with the memory outer, SQLite refused the function). The unary +
+        # keeps the id list a filter on the term's matches: as a constraint, FTS5 would look
+        # each id up in the term's postings, reading them again each time.
+        occurrences.append(
+            f"SELECT {i} AS term, m.id, length(m.content) + length(m.subject) AS length,"
+            f" {_occurrences(1, 'm.content')} + %(subject_weight)s * {_occurrences(0, 'm.subject')} AS tf"
+            f" FROM memories_memory_fts CROSS JOIN memories_memory m ON m.id = memories_memory_fts.rowid"
+            f" WHERE memories_memory_fts MATCH %(term{i})s AND +memories_memory_fts.rowid IN (SELECT id FROM first)"
+        )
+    counted_columns = [f"total(CASE WHEN o.term = {i} THEN o.tf END) AS tf{i}" for i in range(len(terms))]
     sql = f"""
-        WITH hits AS MATERIALIZED (
-            {" UNION ALL ".join(hit_queries)}
-        ),
-        candidates AS MATERIALIZED (
-            SELECT id, max(length) AS length, {", ".join(tf_columns)} FROM hits GROUP BY id
+        WITH candidates AS MATERIALIZED (
+            SELECT m.id, length(m.content) + length(m.subject) AS length, {", ".join(once_columns)}
+            FROM memories_memory_fts
+            JOIN memories_memory m ON m.id = memories_memory_fts.rowid
+            WHERE memories_memory_fts MATCH %(match)s AND m.status = 'active' AND {scope_sql}
         ),
         frequencies AS MATERIALIZED (
             SELECT avg(length) AS avg_length, {", ".join(df_columns)} FROM candidates
@@ -57,9 +73,20 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
             SELECT max(coalesce(f.avg_length, 1.0), 1.0) AS avg_length, {", ".join(idf_columns)}
             FROM (SELECT *, {" + ".join(f"df{i}" for i in range(len(terms)))} AS n FROM frequencies) f
         ),
-        best AS (
-            SELECT c.id, {" + ".join(score_terms)} AS score
+        first AS MATERIALIZED (
+            SELECT c.id, {_bm25(len(terms))} AS score
             FROM candidates c CROSS JOIN weights w
+            ORDER BY score DESC, c.id
+            LIMIT %(recount)s
+        ),
+        occurrences AS MATERIALIZED (
+            {" UNION ALL ".join(occurrences)}
+        ),
+        best AS (
+            SELECT c.id, {_bm25(len(terms))} AS score
+            FROM (SELECT o.id, max(o.length) AS length, {", ".join(counted_columns)}
+                  FROM occurrences o GROUP BY o.id) c
+            CROSS JOIN weights w
             ORDER BY score DESC, c.id
             LIMIT %(limit)s
         )
@@ -71,6 +98,12 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
         cursor.execute(sql, params)
         return [TextMatch(row[0], float(row[1]), row[2], row[3], aware_datetime(row[4]), row[5], row[6:])
                 for row in cursor.fetchall()]
+
+
+def _bm25(term_count: int) -> str:
+    """The BM25 score of a candidate `c` (id, length, tf0..) with the collection's weights `w`."""
+    return " + ".join(f"w.idf{i} * c.tf{i} * (%(k1)s + 1.0) / (c.tf{i} + %(k1)s"
+                      f" * (1.0 - %(b)s + %(b)s * c.length / w.avg_length))" for i in range(term_count))
 
 
 def _occurrences(column: int, text: str) -> str:
