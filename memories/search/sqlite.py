@@ -30,9 +30,9 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
     counting each matching term once lost 0.011 of LoCoMo recall@10 (bench/README.md,
     "SQLite: term frequency"). Counting takes highlight(), which reads and tokenizes the
     memory: done for every candidate it nearly doubled the median search (LoCoMo, 2.6 to
-    4.6 ms). So two passes:
-    every candidate is scored counting each term once (1 in the content, SUBJECT_WEIGHT in
-    the subject only; each term's matches per column read once), and the RECOUNT_FACTOR x
+    4.6 ms). So two passes: every candidate is scored counting each term once (1 in the
+    content, SUBJECT_WEIGHT in the subject only; each term's matches per column read
+    once), and the RECOUNT_FACTOR x
     `limit` best are scored again with the terms' occurrences counted. On LoCoMo (0, 10,000
     and 50,000 unrelated memories per kin) this chose the same memories as counting them all."""
     params = {**params, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT, "mark": _MARK,
