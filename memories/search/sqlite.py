@@ -6,6 +6,13 @@ from kinsite.rawsql import aware_datetime
 from kinsite.textsearch import fts5_match_expression
 from memories.search.candidates import BM25_B, BM25_K1, SUBJECT_WEIGHT, TextMatch, hit_columns_sql
 
+# Occurrences are counted for this many times `limit` of the best memories by a score that
+# counts every matching term once (see text_scores).
+RECOUNT_FACTOR = 2
+# highlight()'s opening marker: the marked text's length minus the text's own is how many
+# times the term occurs in it (the closing marker is empty).
+_MARK = "|"
+
 
 def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> list[TextMatch]:
     """BM25 over memories_memory_fts, an external-content FTS5 table kept by triggers
@@ -13,31 +20,49 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
     average length from the whole table (every kin and team), so memories about other
     things, sharing no query word, changed the order of those that match; here the
     collection is the memories in scope that match a term, as on PostgreSQL: N is the sum
-    of the terms' document frequencies, the average length the candidates'.
+    of the terms' document frequencies, the average length the candidates'. Length is in
+    characters: FTS5 gives no token count outside its auxiliary functions, and BM25 only
+    uses it relative to the average (token counts did no better on LoCoMo).
 
-    Term frequency is 1 for a match in the content and SUBJECT_WEIGHT for one in the
-    subject only (as postgres.text_scores): each term's matches in each column are read
-    once (an FTS5 lookup per candidate re-read the term's postings every time: 150 ms a
-    search at 600 memories). Length is in characters: FTS5 gives no token count outside its auxiliary
-    functions, and BM25 only uses it relative to the average."""
-    params = {**params, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT,
-              "k1": BM25_K1, "b": BM25_B, "limit": limit}
-    tf_columns, df_columns, idf_columns, score_terms = [], [], [], []
+    Term frequency is as in FTS5's bm25(): how many times the term occurs in the content
+    (the porter stemmer's forms alike: "paint", "painted", "painting"), plus SUBJECT_WEIGHT
+    times in the subject. A memory about the thing asked often names it more than once;
+    counting each matching term once lost 0.011 of LoCoMo recall@10 (bench/README.md,
+    "SQLite: term frequency"). Counting takes highlight(), which reads and tokenizes the
+    memory: done for every candidate it nearly doubled the median search (LoCoMo, 2.6 to
+    4.6 ms). So two passes: every candidate is scored counting each term once (1 in the
+    content, SUBJECT_WEIGHT in the subject only; each term's matches per column read
+    once), and the RECOUNT_FACTOR x
+    `limit` best are scored again with the terms' occurrences counted. On LoCoMo (0, 10,000
+    and 50,000 unrelated memories per kin) this chose the same memories as counting them all."""
+    params = {**params, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT, "mark": _MARK,
+              "k1": BM25_K1, "b": BM25_B, "recount": RECOUNT_FACTOR * limit, "limit": limit}
+    once_columns, df_columns, idf_columns, occurrences = [], [], [], []
     for i, term in enumerate(terms):
-        params[f"content{i}"] = "content : " + fts5_match_expression([term])
-        params[f"subject{i}"] = "subject : " + fts5_match_expression([term])
-        tf_columns.append(
+        params[f"term{i}"] = fts5_match_expression([term])
+        params[f"content{i}"] = "content : " + params[f"term{i}"]
+        params[f"subject{i}"] = "subject : " + params[f"term{i}"]
+        once_columns.append(
             f"CASE WHEN m.id IN (SELECT rowid FROM memories_memory_fts WHERE memories_memory_fts MATCH %(content{i})s)"
             f" THEN 1.0 WHEN m.id IN (SELECT rowid FROM memories_memory_fts"
             f" WHERE memories_memory_fts MATCH %(subject{i})s) THEN %(subject_weight)s ELSE 0.0 END AS tf{i}"
         )
         df_columns.append(f"sum(tf{i} > 0) AS df{i}")
         idf_columns.append(f"ln(1.0 + (f.n - f.df{i} + 0.5) / (f.df{i} + 0.5)) AS idf{i}")
-        score_terms.append(f"w.idf{i} * c.tf{i} * (%(k1)s + 1.0) / (c.tf{i} + %(k1)s"
-                           f" * (1.0 - %(b)s + %(b)s * c.length / w.avg_length))")
+        # highlight() only works on the cursor of the MATCH: CROSS JOIN keeps the FTS5 table
+        # the outer loop (with the memory outer, SQLite refused the function). The unary +
+        # keeps the id list a filter on the term's matches: as a constraint, FTS5 would look
+        # each id up in the term's postings, reading them again each time.
+        occurrences.append(
+            f"SELECT {i} AS term, m.id, length(m.content) + length(m.subject) AS length,"
+            f" {_occurrences(1, 'm.content')} + %(subject_weight)s * {_occurrences(0, 'm.subject')} AS tf"
+            f" FROM memories_memory_fts CROSS JOIN memories_memory m ON m.id = memories_memory_fts.rowid"
+            f" WHERE memories_memory_fts MATCH %(term{i})s AND +memories_memory_fts.rowid IN (SELECT id FROM first)"
+        )
+    counted_columns = [f"total(CASE WHEN o.term = {i} THEN o.tf END) AS tf{i}" for i in range(len(terms))]
     sql = f"""
         WITH candidates AS MATERIALIZED (
-            SELECT m.id, length(m.content) + length(m.subject) AS length, {", ".join(tf_columns)}
+            SELECT m.id, length(m.content) + length(m.subject) AS length, {", ".join(once_columns)}
             FROM memories_memory_fts
             JOIN memories_memory m ON m.id = memories_memory_fts.rowid
             WHERE memories_memory_fts MATCH %(match)s AND m.status = 'active' AND {scope_sql}
@@ -49,9 +74,20 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
             SELECT max(coalesce(f.avg_length, 1.0), 1.0) AS avg_length, {", ".join(idf_columns)}
             FROM (SELECT *, {" + ".join(f"df{i}" for i in range(len(terms)))} AS n FROM frequencies) f
         ),
-        best AS (
-            SELECT c.id, {" + ".join(score_terms)} AS score
+        first AS MATERIALIZED (
+            SELECT c.id, {_bm25(len(terms))} AS score
             FROM candidates c CROSS JOIN weights w
+            ORDER BY score DESC, c.id
+            LIMIT %(recount)s
+        ),
+        occurrences AS MATERIALIZED (
+            {" UNION ALL ".join(occurrences)}
+        ),
+        best AS (
+            SELECT c.id, {_bm25(len(terms))} AS score
+            FROM (SELECT o.id, max(o.length) AS length, {", ".join(counted_columns)}
+                  FROM occurrences o GROUP BY o.id) c
+            CROSS JOIN weights w
             ORDER BY score DESC, c.id
             LIMIT %(limit)s
         )
@@ -63,3 +99,16 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
         cursor.execute(sql, params)
         return [TextMatch(row[0], float(row[1]), row[2], row[3], aware_datetime(row[4]), row[5], row[6:])
                 for row in cursor.fetchall()]
+
+
+def _bm25(term_count: int) -> str:
+    """The BM25 score of a candidate `c` (id, length, tf0..) with the collection's weights `w`."""
+    return " + ".join(f"w.idf{i} * c.tf{i} * (%(k1)s + 1.0) / (c.tf{i} + %(k1)s"
+                      f" * (1.0 - %(b)s + %(b)s * c.length / w.avg_length))" for i in range(term_count))
+
+
+def _occurrences(column: int, text: str) -> str:
+    """How many times the matched term occurs in the FTS5 column (0 subject, 1 content),
+    `text` being that column of the memory: highlight() returns the text with the mark
+    before each occurrence, so the count does not depend on the text's own characters."""
+    return f"(length(highlight(memories_memory_fts, {column}, %(mark)s, '')) - length({text}))"

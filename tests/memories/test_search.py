@@ -387,3 +387,19 @@ def test_memories_sharing_no_query_word_do_not_change_the_ranking(team, kin, unr
     add_unrelated(team, kin, unrelated)
     hits = search(team, kin, "Priya ukulele")
     assert hits[0].memory == evidence
+
+
+@pytest.mark.sqlite
+def test_a_memory_saying_the_query_word_more_often_ranks_first(team, kin):
+    # SQLite counts a term's occurrences (its stemmed forms alike), as FTS5's bm25() did; a
+    # term frequency of 1 whatever the count tied these two (same length in characters, same
+    # date), and the older won. The "|" is the marker sqlite.text_scores counts with: the
+    # text's own do not count. PostgreSQL counts a lexeme once per memory (postgres.py).
+    once, twice = Memory.objects.bulk_create([
+        Memory(team=team, kin=kin, content="We painted the lake ||| then crossed the hills"),
+        Memory(team=team, kin=kin, content="We painted the lake and then painted the hills"),
+    ])
+    Memory.objects.filter(pk__in=[once.pk, twice.pk]).update(updated_at=timezone.now())
+    hits = search(team, kin, "painting")
+    assert [hit.memory for hit in hits] == [twice, once]
+    assert hits[0].components["text"] == 1.0 and hits[1].components["text"] < 1.0
