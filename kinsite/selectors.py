@@ -38,6 +38,13 @@ def kin_get(*, team: Team, kin_id: int) -> Kin:
     return get_object_or_404(Kin, team=team, pk=kin_id)
 
 
+def kin_ref(*, team: Team, kin_id: int) -> Kin:
+    """The kin of the team (404 otherwise) with only its id and team read: for requests that
+    need to know which kin, not what it says (the searches). Another field, if one is ever
+    read, is loaded then (one query more), so nothing reads a wrong value."""
+    return get_object_or_404(Kin.objects.only("id", "team_id"), team=team, pk=kin_id)
+
+
 def llm_call_get(*, team: Team, call_id: int) -> LLMCall:
     """One model call of the team (404 otherwise, also for calls logged without a team)."""
     return get_object_or_404(LLMCall.objects.select_related("kin"), team=team, pk=call_id)

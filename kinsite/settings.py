@@ -128,7 +128,7 @@ REDIS_SOCKET_TIMEOUT_SECONDS = env_float("REDIS_SOCKET_TIMEOUT_SECONDS", 5.0)
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "kinsite.rediscache.RedisCache",
             "LOCATION": REDIS_URL,
             "OPTIONS": {
                 "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,

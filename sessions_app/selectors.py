@@ -22,6 +22,14 @@ def session_get(*, team: Team, session_id: int) -> Session:
     return get_object_or_404(Session.objects.select_related("kin__team"), kin__team=team, pk=session_id)
 
 
+def session_ref(*, team: Team, session_id: int) -> Session:
+    """The session of the team (404 otherwise) with only its id, its kin's id and whether it
+    is archived read: for requests that need to know which session, not what it holds
+    (history search; a chat turn, which reads the session with its kin under the session
+    lock). Another field, if one is ever read, is loaded then (one query more)."""
+    return get_object_or_404(Session.objects.only("id", "kin_id", "archived_at"), kin__team=team, pk=session_id)
+
+
 def message_list(*, session: Session):
     return Event.objects.filter(session=session, kind=Event.Kind.MESSAGE)
 

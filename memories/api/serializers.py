@@ -3,6 +3,7 @@ validated here (the 400s); memories.services does the writing."""
 from django.conf import settings
 from rest_framework import serializers
 
+from kinsite.api.representation import datetime_value
 from memories.models import Memory, MemoryChange
 
 # A memory is one statement, not a document; this bounds a row and a prompt section.
@@ -127,5 +128,27 @@ class MemoryHitSerializer(serializers.Serializer):
         return dict(hit.components)
 
     def to_representation(self, hit):
-        data = super().to_representation(hit)
-        return {**data.pop("memory"), **data}
+        # The memory's fields, then the score's: written out (kinsite/api/representation.py says why).
+        return {**memory_body(hit.memory), "score": float(hit.score), "components": self.get_components(hit)}
+
+
+def memory_body(memory: Memory) -> dict:
+    """MemorySerializer's body, written out for the search results (kinsite/api/representation.py
+    says why; tests/memories/test_api_serializers.py holds it equal to MemorySerializer's)."""
+    return {
+        "id": memory.pk,
+        "kin": memory.kin_id,
+        "shared": memory.kin_id is None,
+        "category": str(memory.category),
+        "content": str(memory.content),
+        "subject": str(memory.subject),
+        "importance": int(memory.importance),
+        "status": str(memory.status),
+        "source": str(memory.source),
+        "source_ref": str(memory.source_ref),
+        "superseded_by": memory.superseded_by_id,
+        "retrieval_count": int(memory.retrieval_count),
+        "last_retrieved_at": datetime_value(memory.last_retrieved_at),
+        "created_at": datetime_value(memory.created_at),
+        "updated_at": datetime_value(memory.updated_at),
+    }

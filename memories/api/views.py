@@ -9,7 +9,7 @@ from rest_framework.views import APIView
 
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
-from kinsite.selectors import kin_get
+from kinsite.selectors import kin_get, kin_ref
 from memories import search, selectors, services
 from memories.api.serializers import (
     LIST_STATUS_ALL,
@@ -159,7 +159,7 @@ class KinMemorySearchView(APIView):
     )
     def get(self, request, kin_id):
         team = request_team(request)
-        kin = kin_get(team=team, kin_id=kin_id)
+        kin = kin_ref(team=team, kin_id=kin_id)
         params = MemorySearchQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         hits = search.memory_search(

@@ -2,6 +2,7 @@
 from django.conf import settings
 from rest_framework import serializers
 
+from kinsite.api.representation import datetime_value
 from kinsite.models import Kin
 from kinsite.prompt_safety import one_line_problem
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
@@ -132,11 +133,29 @@ class SessionSerializer(serializers.ModelSerializer):
         return session.events.filter(kind=Event.Kind.MESSAGE).count()
 
 
+def message_body(event: Event) -> dict:
+    """MessageSerializer's body, written out (kinsite/api/representation.py says why)."""
+    return {
+        "id": event.pk,
+        "session": event.session_id,
+        "role": str(event.role),
+        "content": str(event.content),
+        "sender": str(event.sender),
+        "platform": str(event.platform),
+        "external_id": None if event.external_id is None else str(event.external_id),
+        "token_count": int(event.token_count),
+        "created_at": datetime_value(event.created_at),
+    }
+
+
 class MessageSerializer(serializers.ModelSerializer):
     class Meta:
         model = Event
         fields = ["id", "session", "role", "content", "sender", "platform", "external_id", "token_count", "created_at"]
         read_only_fields = fields
+
+    def to_representation(self, event):
+        return message_body(event)
 
 
 def _content_field():
@@ -190,6 +209,20 @@ class HistoryHitSerializer(serializers.ModelSerializer):
         model = Event
         fields = ["id", "session", "external_id", "sender", "role", "platform", "created_at", "content", "score"]
         read_only_fields = fields
+
+    def to_representation(self, event):
+        # The declared fields, written out (kinsite/api/representation.py says why).
+        return {
+            "id": event.pk,
+            "session": event.session_id,
+            "external_id": None if event.external_id is None else str(event.external_id),
+            "sender": str(event.sender),
+            "role": str(event.role),
+            "platform": str(event.platform),
+            "created_at": datetime_value(event.created_at),
+            "content": str(event.content),
+            "score": float(event.score),
+        }
 
 
 # --- chat turns and the prompt preview ------------------------------------------------------
@@ -251,6 +284,29 @@ class TurnSerializer(serializers.ModelSerializer):
 
     def get_tool_call_limit_reached(self, turn) -> bool:
         return bool(self._event_data(turn, "reply").get("tool_call_limit_reached"))
+
+    def to_representation(self, turn):
+        # The declared fields, written out (kinsite/api/representation.py says why).
+        message, reply = turn.user_message, turn.reply
+        return {
+            "id": turn.pk,
+            "session": turn.session_id,
+            "status": str(turn.status),
+            "is_async": bool(turn.is_async),
+            "error": str(turn.error),
+            "message": None if message is None else message_body(message),
+            "reply": None if reply is None else message_body(reply),
+            "command": self.get_command(turn),
+            "new_session_id": self.get_new_session_id(turn),
+            "tool_calls": int(turn.tool_calls),
+            "tool_call_limit_reached": self.get_tool_call_limit_reached(turn),
+            "prompt_tokens": int(turn.prompt_tokens),
+            "tokens_in": int(turn.tokens_in),
+            "tokens_out": int(turn.tokens_out),
+            "created_at": datetime_value(turn.created_at),
+            "started_at": datetime_value(turn.started_at),
+            "finished_at": datetime_value(turn.finished_at),
+        }
 
 
 class PromptPreviewQuerySerializer(serializers.Serializer):

@@ -13,7 +13,7 @@ from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorP
 from kinsite.api.renderers import EventStreamMixin, EventStreamRenderer
 from kinsite.api.throttles import TokenRateThrottle
 from kinsite.models import Kin
-from kinsite.selectors import kin_get, kin_list
+from kinsite.selectors import kin_get, kin_list, kin_ref
 from sessions_app import introspection, selectors, services, turns
 from sessions_app.api.serializers import (
     HistoryHitSerializer,
@@ -154,7 +154,8 @@ class SessionMessageListView(EventStreamMixin, ListAPIView):
         },
     )
     def post(self, request, session_id):
-        session = selectors.session_get(team=request_team(request), session_id=session_id)
+        # Which session, and whether it is open: the turn reads it whole, with its kin, under the session lock.
+        session = selectors.session_ref(team=request_team(request), session_id=session_id)
         serializer = MessagePostSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         is_async = request.query_params.get("async", "").lower() in ("1", "true", "yes")
@@ -261,14 +262,14 @@ class _HistorySearchView(APIView):
 class SessionHistorySearchView(_HistorySearchView):
     @extend_schema(parameters=SEARCH_PARAMETERS, responses={200: HISTORY_SEARCH_RESULTS})
     def get(self, request, session_id):
-        session = selectors.session_get(team=request_team(request), session_id=session_id)
+        session = selectors.session_ref(team=request_team(request), session_id=session_id)
         return self.search(request, session=session)
 
 
 class KinHistorySearchView(_HistorySearchView):
     @extend_schema(parameters=SEARCH_PARAMETERS, responses={200: HISTORY_SEARCH_RESULTS})
     def get(self, request, kin_id):
-        kin = kin_get(team=request_team(request), kin_id=kin_id)
+        kin = kin_ref(team=request_team(request), kin_id=kin_id)
         return self.search(request, kin=kin)
 
 

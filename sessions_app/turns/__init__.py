@@ -131,7 +131,9 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
             prompt = _turn_execute(turn=turn, lock=lock, raise_errors=True)
     except LockUnavailable as exc:
         raise _lock_outage(session=session, turn=turn) from exc
-    _schedule_background_work(session=session, turn=turn, prompt=prompt)
+    # The session as read under the lock, with its kin: the caller's may hold only its id
+    # and archived_at (selectors.session_ref).
+    _schedule_background_work(session=turn.session, turn=turn, prompt=prompt)
     return turn
 
 

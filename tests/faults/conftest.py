@@ -174,7 +174,7 @@ def on_redis(redis_server, settings) -> Iterator[RedisServer]:
     settings.REDIS_URL = redis_server.url
     settings.CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "kinsite.rediscache.RedisCache",  # as kinsite/settings.py
             "LOCATION": redis_server.url,
             "OPTIONS": {
                 "socket_connect_timeout": settings.REDIS_CONNECT_TIMEOUT_SECONDS,
