@@ -3,10 +3,12 @@ kinsite.selectors', beside the model)."""
 from django.db import connection
 from django.db.models import Count, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 
 from kinsite.models import Kin, Team
-from kinsite.selectors import kin_list
+from kinsite.rawsql import aware_datetime
+from kinsite.selectors import MAX_ROW_ID, kin_list
 from kinsite.textsearch import fts5_match_expression, query_terms
 from sessions_app.models import Event, IntrospectionRun, Session
 
@@ -26,8 +28,22 @@ def session_ref(*, team: Team, session_id: int) -> Session:
     """The session of the team (404 otherwise) with only its id, its kin's id and whether it
     is archived read: for requests that need to know which session, not what it holds
     (history search; a chat turn, which reads the session with its kin under the session
-    lock). Another field, if one is ever read, is loaded then (one query more)."""
-    return get_object_or_404(Session.objects.only("id", "kin_id", "archived_at"), kin__team=team, pk=session_id)
+    lock). Its other fields are deferred: one read, if any, loads them then (one query
+    more). Written as SQL, as kinsite.selectors.kin_ref."""
+    if not 0 < session_id <= MAX_ROW_ID:
+        raise Http404
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT s.kin_id, s.archived_at FROM {Session._meta.db_table} s"
+            f" JOIN {Kin._meta.db_table} k ON k.id = s.kin_id WHERE s.id = %s AND k.team_id = %s",
+            [session_id, team.pk],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise Http404
+    kin_id, archived_at = row
+    archived_at = None if archived_at is None else aware_datetime(archived_at)
+    return Session.from_db(connection.alias, ["id", "kin_id", "archived_at"], [session_id, kin_id, archived_at])
 
 
 def message_list(*, session: Session):

@@ -315,3 +315,17 @@ def test_surrounding_whitespace_of_a_sender_is_trimmed_and_a_plain_name_kept(api
 
     assert response.status_code == 201, response.content
     assert Event.objects.get().sender == "Maria Dos Santos ✓"
+
+
+def test_posting_to_an_archived_session_answers_409_and_stores_nothing(api_client, chat_session):
+    archived_at = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
+    chat_session.archived_at = archived_at
+    chat_session.save(update_fields=["archived_at"])
+
+    response = api_client.post(f"/api/v1/sessions/{chat_session.pk}/messages/", {"content": "Hello?"}, format="json")
+
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert error["code"] == "session_archived"
+    assert error["details"] == {"session": chat_session.pk, "archived_at": archived_at.isoformat()}
+    assert not Event.objects.filter(session=chat_session).exists()

@@ -93,3 +93,19 @@ def test_a_search_through_the_api_reads_little_beyond_the_search(api_client, cha
         assert len(sql) <= (6 if connection.vendor == "postgresql" else 5), sql
     else:
         assert len(sql) <= 3, sql
+
+
+@pytest.mark.parametrize("method,url", [
+    ("get", "/api/v1/kins/{big}/memories/search/?q=launch"),
+    ("get", "/api/v1/kins/{big}/history/search/?q=launch"),
+    ("get", "/api/v1/sessions/{big}/history/search/?q=launch"),
+    ("post", "/api/v1/sessions/{big}/messages/"),
+])
+@pytest.mark.parametrize("big", [2**63 - 1, 2**63, 10**30])
+def test_an_id_past_any_row_answers_404(api_client, chat_session, method, url, big):
+    """The searches and the chat post read the kin or session by hand-written SQL
+    (kin_ref, session_ref): an id no column can hold is not found, not a database error."""
+    response = getattr(api_client, method)(url.format(big=big), {"content": "Hello"} if method == "post" else None,
+                                           format="json")
+    assert response.status_code == 404, response.content
+    assert response.json()["error"]["code"] == "not_found"
