@@ -43,8 +43,9 @@ FALLBACK_CANDIDATES = 2_000
 class ScopeStats:
     """What BM25 needs to know about a scope beyond the matching memories: its active
     memory count and the document frequency of every common lexeme asked about (see
-    COMMON_TERM_SHARE); and their average tsvector length, for benchmarks (BM25 uses the
-    candidates', see text_scores)."""
+    COMMON_TERM_SHARE). avg_length, the scope's average tsvector length from the same
+    counter row, is not used by the search (BM25 takes the candidates', see text_scores):
+    it shows the counters' total length, which the triggers keep, is right."""
 
     count: int
     avg_length: float
