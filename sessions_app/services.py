@@ -63,7 +63,8 @@ def session_check_open(*, session: Session) -> None:
     if session.archived_at is not None:
         raise SessionArchived(
             f"Session {session.pk} is archived, so nothing can be posted to it. Unarchive it first: the "
-            "Unarchive button on its dashboard page (team owners and admins).",
+            "Unarchive button on its dashboard page (team owners and admins), or "
+            f'PATCH /api/v1/sessions/{session.pk}/ with {{"archived": false}}.',
             details={"session": session.pk, "archived_at": session.archived_at.isoformat()},
         )
 
