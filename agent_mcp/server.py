@@ -208,6 +208,31 @@ async def experience_read(
 
 
 @mcp_server.tool()
+async def session_list(
+    kin_id: KinId,
+    ctx: Context,
+    archived: Annotated[bool | None, Field(description="true: only archived sessions; false: only open "
+                                                       "ones; default: all.")] = None,
+    limit: Annotated[int | None, Field(ge=1, le=tools.SESSION_LIST_MAX,
+                                       description=f"How many at most (default {tools.SESSION_LIST_DEFAULT}).")] = None,
+    before_id: Annotated[int | None, Field(ge=1, description="Only sessions older than this one (to page on: "
+                                                             "the last id of the previous answer).")] = None,
+) -> dict[str, Any]:
+    """List a kin's chat sessions, newest first. Answers {sessions: [{id, title, description,
+    working_memory, summary, message_count, workflow, archived, last_activity_at, ...}], more}; when
+    more is true, call again with before_id set to the last session's id."""
+    return await _run(ctx, tools.session_list, kin_id=kin_id, archived=archived, limit=limit, before_id=before_id)
+
+
+@mcp_server.tool()
+async def session_read(session_id: SessionId, ctx: Context) -> dict[str, Any]:
+    """Read one chat session: its title, description, working memory, newest compaction summary,
+    message count, workflow and whether it is archived. Answers {session}. history_search finds its
+    messages."""
+    return await _run(ctx, tools.session_read, session_id=session_id)
+
+
+@mcp_server.tool()
 async def prompt_preview(
     session_id: SessionId,
     ctx: Context,

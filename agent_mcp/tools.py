@@ -47,6 +47,7 @@ from sessions_app.api.serializers import (
     MessagePostSerializer,
     PromptPreviewQuerySerializer,
     PromptPreviewSerializer,
+    SessionSerializer,
     turn_posted_body,
 )
 from sessions_app.models import Session
@@ -222,6 +223,34 @@ def experience_read(caller: TokenPrincipal, *, kin_id: int, version: int | None 
 
 
 # --- sessions and workflows -------------------------------------------------------------------
+
+SESSION_LIST_DEFAULT = 20
+SESSION_LIST_MAX = 100
+
+
+def session_list(caller: TokenPrincipal, *, kin_id: int, archived: bool | None = None, limit: int | None = None,
+                 before_id: int | None = None) -> dict[str, Any]:
+    """A kin's sessions, newest first, as GET /kins/{id}/sessions/ lists them; `before_id`
+    pages on (the sessions older than that one), `more` says whether there are."""
+    kin = _kin(caller, kin_id)
+    limit = limit or SESSION_LIST_DEFAULT
+    if not 1 <= limit <= SESSION_LIST_MAX:
+        raise InvalidInput(f"limit must be between 1 and {SESSION_LIST_MAX}.")
+    sessions = session_selectors.session_list_described(team=caller.team, kin=kin, archived=archived)
+    if before_id is not None:
+        sessions = sessions.filter(pk__lt=before_id)
+    page = list(sessions.order_by("-id")[:limit + 1])
+    return {"sessions": SessionSerializer(page[:limit], many=True).data, "more": len(page) > limit}
+
+
+def session_read(caller: TokenPrincipal, *, session_id: int) -> dict[str, Any]:
+    """One session as GET /sessions/{id}/ shows it: title, description, working memory, summary."""
+    try:
+        session = session_selectors.session_get_described(team=caller.team, session_id=session_id)
+    except Http404:
+        raise NotFound(f"Session {session_id} not found.") from None
+    return {"session": SessionSerializer(session).data}
+
 
 
 def prompt_preview(caller: TokenPrincipal, *, session_id: int, message: str | None = None, sender: str | None = None,

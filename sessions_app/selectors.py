@@ -10,7 +10,7 @@ from kinsite.models import Kin, Team
 from kinsite.rawsql import aware_datetime
 from kinsite.selectors import MAX_ROW_ID, kin_list
 from kinsite.textsearch import fts5_match_expression, query_terms
-from sessions_app.models import Event, IntrospectionRun, Session
+from sessions_app.models import Event, IntrospectionRun, Session, Summary
 
 
 def session_list(*, team: Team, kin: Kin | None = None):
@@ -18,6 +18,29 @@ def session_list(*, team: Team, kin: Kin | None = None):
     if kin is not None:
         qs = qs.filter(kin=kin)
     return qs
+
+
+def session_list_described(*, team: Team, kin: Kin | None = None, archived: bool | None = None):
+    """The team's sessions (of `kin`, archived or not as asked; None: all) as the API shows
+    them: each with `message_count` and `summary_text` (its newest compaction summary, None
+    before the first) read in the same query, so a page of them costs one query."""
+    qs = session_list(team=team, kin=kin)
+    if archived is not None:
+        qs = qs.filter(archived_at__isnull=not archived)
+    messages = (
+        Event.objects.filter(session=OuterRef("pk"), kind=Event.Kind.MESSAGE)
+        .order_by().values("session").annotate(n=Count("id")).values("n")
+    )
+    newest_summary = Summary.objects.filter(session=OuterRef("pk")).order_by("-created_at", "-id").values("content")
+    return qs.annotate(
+        message_count=Coalesce(Subquery(messages), 0),
+        summary_text=Subquery(newest_summary[:1]),
+    )
+
+
+def session_get_described(*, team: Team, session_id: int) -> Session:
+    """One session of the team (404 otherwise) as session_list_described reads it."""
+    return get_object_or_404(session_list_described(team=team), pk=session_id)
 
 
 def session_get(*, team: Team, session_id: int) -> Session:

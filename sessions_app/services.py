@@ -63,14 +63,20 @@ def session_check_open(*, session: Session) -> None:
     if session.archived_at is not None:
         raise SessionArchived(
             f"Session {session.pk} is archived, so nothing can be posted to it. Unarchive it first: the "
-            "Unarchive button on its dashboard page (team owners and admins).",
+            "Unarchive button on its dashboard page (team owners and admins), or "
+            f'PATCH /api/v1/sessions/{session.pk}/ with {{"archived": false}}.',
             details={"session": session.pk, "archived_at": session.archived_at.isoformat()},
         )
 
 
-def session_rename(*, session: Session, title: str) -> Session:
-    session.title = title
-    session.save(update_fields=["title", "updated_at"])
+def session_rename(*, session: Session, title: str | None = None, description: str | None = None) -> Session:
+    """Set the title and/or the description (None: unchanged). Introspection keeps the
+    description up to date; a person may correct it, and the next run reads the correction."""
+    changed = {name: value for name, value in (("title", title), ("description", description)) if value is not None}
+    for name, value in changed.items():
+        setattr(session, name, value)
+    if changed:
+        session.save(update_fields=[*changed, "updated_at"])
     return session
 
 
@@ -86,6 +92,18 @@ def session_unarchive(*, session: Session) -> Session:
     if session.archived_at is not None:
         session.archived_at = None
         session.save(update_fields=["archived_at", "updated_at"])
+    return session
+
+
+@transaction.atomic
+def session_update(*, session: Session, title: str | None = None, description: str | None = None,
+                   archived: bool | None = None) -> Session:
+    """Rename and/or archive or unarchive in one step (the API's PATCH); None: unchanged."""
+    session_rename(session=session, title=title, description=description)
+    if archived is True:
+        session_archive(session=session)
+    elif archived is False:
+        session_unarchive(session=session)
     return session
 
 

@@ -5,7 +5,8 @@ from rest_framework import serializers
 from kinsite.api.representation import datetime_value
 from kinsite.models import Kin
 from kinsite.prompt_safety import one_line_problem
-from sessions_app.models import Event, IntrospectionRun, Session, Turn
+from sessions_app.introspection.tools import DESCRIPTION_MAX_CHARS
+from sessions_app.models import Event, IntrospectionRun, Session, Summary, Turn
 from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, overrides_errors
 from workflows.models import Workflow
 
@@ -91,6 +92,11 @@ class SessionSerializer(serializers.ModelSerializer):
 
     kin = serializers.PrimaryKeyRelatedField(read_only=True)
     message_count = serializers.SerializerMethodField()
+    summary = serializers.SerializerMethodField(
+        help_text="The newest compaction summary (what the prompt carries instead of the oldest messages); "
+                  "null until the session is first compacted.",
+    )
+    archived = serializers.SerializerMethodField(help_text="True while archived: readable, nothing can be posted.")
     workflow = serializers.PrimaryKeyRelatedField(
         queryset=Workflow.objects.none(), required=False, allow_null=True,
         help_text="A workflow of the team: each turn's prompt then carries its CURRENT CANVAS.",
@@ -110,6 +116,8 @@ class SessionSerializer(serializers.ModelSerializer):
             "updated_at",
             "last_activity_at",
             "archived_at",
+            "archived",
+            "summary",
         ]
         read_only_fields = [
             "id",
@@ -129,8 +137,55 @@ class SessionSerializer(serializers.ModelSerializer):
             # Another team's workflow looks like an unknown id.
             self.fields["workflow"].queryset = Workflow.objects.filter(team=team)
 
+    # A session from selectors.session_list_described carries both counts already (a page of
+    # sessions in one query); any other (just created, after /new) is read here.
     def get_message_count(self, session) -> int:
+        if hasattr(session, "message_count"):
+            return session.message_count
         return session.events.filter(kind=Event.Kind.MESSAGE).count()
+
+    def get_summary(self, session) -> str | None:
+        if hasattr(session, "summary_text"):
+            return session.summary_text
+        summary = Summary.objects.filter(session=session).order_by("-created_at", "-id").values("content").first()
+        return None if summary is None else summary["content"]
+
+    def get_archived(self, session) -> bool:
+        return session.archived_at is not None
+
+
+class SessionListQuerySerializer(serializers.Serializer):
+    # Give it the query as a plain dict: from a QueryDict, DRF reads a missing boolean as false.
+    archived = serializers.BooleanField(
+        required=False, help_text="true: only archived sessions; false: only open ones; not given: all.",
+    )
+
+
+class SessionUpdateSerializer(serializers.Serializer):
+    """PATCH /sessions/{id}/: rename and/or archive. Anything else in the body is refused
+    (a 400 that changes nothing), so a client that thinks it set a field learns it did not."""
+
+    title = serializers.CharField(required=False, allow_blank=True,
+                                  max_length=Session._meta.get_field("title").max_length, validators=[_one_line])
+    description = serializers.CharField(required=False, allow_blank=True, max_length=DESCRIPTION_MAX_CHARS,
+                                        validators=[_one_line])
+    archived = serializers.BooleanField(required=False, help_text="true: archive; false: unarchive.")
+
+    def validate(self, attrs):
+        given = self.initial_data if isinstance(self.initial_data, dict) else {}
+        problems = {}
+        for name in given:
+            if name in self.fields:
+                continue
+            if name in SessionSerializer.Meta.fields:
+                problems[name] = ["Read-only: a PATCH changes only title, description and archived."]
+            else:
+                problems[name] = ["Unknown field: a PATCH changes only title, description and archived."]
+        if problems:
+            raise serializers.ValidationError(problems)
+        if not attrs:
+            raise serializers.ValidationError("Give at least one of title, description, archived.")
+        return attrs
 
 
 def message_body(event: Event) -> dict:

@@ -8,7 +8,7 @@ router.register("kins", views.KinViewSet, basename="kin")
 router.register("sessions", views.SessionViewSet, basename="session")
 
 urlpatterns = [
-    path("kins/<int:kin_id>/sessions/", views.KinSessionCreateView.as_view(), name="kin-session-create"),
+    path("kins/<int:kin_id>/sessions/", views.KinSessionListView.as_view(), name="kin-sessions"),
     path("kins/<int:kin_id>/history/search/", views.KinHistorySearchView.as_view(), name="kin-history-search"),
     path("sessions/<int:session_id>/messages/", views.SessionMessageListView.as_view(), name="session-messages"),
     path(

@@ -26,7 +26,9 @@ from sessions_app.api.serializers import (
     MessageSerializer,
     PromptPreviewQuerySerializer,
     PromptPreviewSerializer,
+    SessionListQuerySerializer,
     SessionSerializer,
+    SessionUpdateSerializer,
     TurnSerializer,
     turn_posted_body,
 )
@@ -101,7 +103,31 @@ class KinViewSet(viewsets.ModelViewSet):
         services.kin_delete(kin=instance)
 
 
-class KinSessionCreateView(APIView):
+class NewestFirstCursorPagination(DefaultCursorPagination):
+    # By id, not last activity: a chat turn while a client pages through must not move rows between pages.
+    ordering = ("-id",)
+
+
+class KinSessionListView(ListAPIView):
+    """GET: the kin's sessions, newest first (all of them unless ?archived= says which).
+    POST: a new session."""
+
+    serializer_class = SessionSerializer
+    pagination_class = NewestFirstCursorPagination
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Session.objects.none()
+        kin = kin_ref(team=request_team(self.request), kin_id=self.kwargs["kin_id"])
+        params = SessionListQuerySerializer(data=self.request.query_params.dict())
+        params.is_valid(raise_exception=True)
+        return selectors.session_list_described(team=request_team(self.request), kin=kin,
+                                                archived=params.validated_data.get("archived"))
+
+    @extend_schema(parameters=[SessionListQuerySerializer])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
     @extend_schema(request=SessionSerializer, responses={201: SessionSerializer})
     def post(self, request, kin_id):
         kin = kin_get(team=request_team(request), kin_id=kin_id)
@@ -112,12 +138,23 @@ class KinSessionCreateView(APIView):
 
 
 class SessionViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """GET: one session. PATCH: rename it (title, description) and/or archive or unarchive it."""
+
     serializer_class = SessionSerializer
+    http_method_names = ["get", "patch", "head", "options"]
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Session.objects.none()
-        return selectors.session_list(team=request_team(self.request))
+        return selectors.session_list_described(team=request_team(self.request))
+
+    @extend_schema(request=SessionUpdateSerializer, responses={200: SessionSerializer})
+    def partial_update(self, request, pk=None):
+        session = self.get_object()
+        serializer = SessionUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.session_update(session=session, **serializer.validated_data)
+        return Response(SessionSerializer(self.get_object()).data)
 
 
 class SessionMessageListView(EventStreamMixin, ListAPIView):
@@ -292,10 +329,6 @@ class SessionCheckpointView(APIView):
         run = introspection.introspection_request(session=session, trigger=IntrospectionRun.Trigger.CHECKPOINT)
         run.refresh_from_db()  # eager Celery (the embedded default) has run it already
         return Response({"run": IntrospectionRunSerializer(run).data}, status=status.HTTP_202_ACCEPTED)
-
-
-class NewestFirstCursorPagination(DefaultCursorPagination):
-    ordering = ("-id",)
 
 
 class SessionIntrospectionListView(ListAPIView):

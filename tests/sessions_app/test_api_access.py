@@ -78,11 +78,13 @@ ENDPOINTS = [
     Endpoint("GET", "kins/{id}/", "kin"),
     Endpoint("PATCH", "kins/{id}/", "kin", body={"name": "Renamed"}),
     Endpoint("DELETE", "kins/{id}/", "kin"),
+    Endpoint("GET", "kins/{id}/sessions/", "kin"),
     Endpoint("POST", "kins/{id}/sessions/", "kin", body={"title": "New session"}),
     Endpoint("GET", "kins/{id}/history/search/", "kin", query=f"q={SECRET}"),
     Endpoint("GET", "kins/{id}/export/", "kin", query="sessions=1"),
     Endpoint("POST", "kins/import/", body={"format": "kinsite.kin", "version": 1}),
     Endpoint("GET", "sessions/{id}/", "session"),
+    Endpoint("PATCH", "sessions/{id}/", "session", body={"title": "Renamed", "archived": True}),
     Endpoint("GET", "sessions/{id}/messages/", "session"),
     Endpoint(
         "POST",
