@@ -112,6 +112,7 @@ class TurnFailure:
     model: str
     endpoint: str
     calls: list[LLMCall] = field(default_factory=list)
+    retryable: bool = True  # not in an archived session (nothing is run there)
 
 
 @dataclass
@@ -235,7 +236,8 @@ def turn_failures(session: Session, failed: list[Turn], *, staff: bool) -> dict[
         start, end = windows.get(turn.pk, (None, None))
         own = [call for call in calls if start is not None and start <= call.created_at <= end]
         model = own[-1].model if own else (kin.model or settings.LLM_MODEL)
-        failures[turn.pk] = TurnFailure(model=model, endpoint=endpoint, calls=own[-FAILURE_CALLS_SHOWN:])
+        failures[turn.pk] = TurnFailure(model=model, endpoint=endpoint, calls=own[-FAILURE_CALLS_SHOWN:],
+                                        retryable=session.archived_at is None)
     return failures
 
 
@@ -562,16 +564,16 @@ def session_turn_retry(request, session_id: int, turn_id: int):
     got its reply meanwhile (a second click) just shows it."""
     chat_session = selectors.session_get(team=request.team, session_id=session_id)
     turn = get_object_or_404(Turn.objects.select_related("session"), session=chat_session, pk=turn_id)
-    error = ""
+    error, status = "", 200
     try:
         turns.turn_retry(turn=turn)
     except turns.TurnNotRetryable:
         pass  # it has its reply (or no message): the entries show what it is
     except (services.SessionArchived, ServiceUnavailable) as exc:
-        error = exc.message
+        error, status = exc.message, exc.status
     if not wants_partial(request):
         if error:
-            return _session_page(request, chat_session, error=error, status=409)
+            return _session_page(request, chat_session, error=error, status=status)
         page = reverse("dashboard:session_detail", args=[chat_session.pk])
         return redirect(f"{page}?event={turn.user_message_id}#event-{turn.user_message_id}")
     return _turn_entries_response(request, chat_session, turn_id, error=error)

@@ -183,9 +183,10 @@ class TurnDetailView(APIView):
 
 
 class TurnRetryView(APIView):
-    """POST: run a failed turn again with its stored message (sessions_app.turns.turn_retry).
-    Always queued, as ?async=1 posts are: 202 with the turn to poll (with eager Celery, the
-    embedded default, it has run by then). Limited like the chat posts."""
+    """POST: run a failed turn again with the message it stored (no second user message).
+    Always queued, as ?async=1 posts are: 202 with the turn, to poll at /turns/{id}/ (with
+    eager Celery, the embedded default, it has run by then). Idempotent: a turn already
+    pending or running comes back unchanged. Rate-limited with the chat posts (API_RATE_CHAT)."""
 
     throttle_classes = [TokenRateThrottle]
     throttle_scope = "chat"

@@ -144,3 +144,17 @@ def test_a_streamed_turn_that_fails_ends_with_its_entry_rendered_with_retry(logg
     assert f'id="event-{turn.user_message_id}"' in html and "Incorrect API key provided" in html
     assert f'action="{retry_url(turn)}"' in html and "csrfmiddlewaretoken" in html
     assert "answering" not in html.lower() and "on its way" not in html
+
+
+def test_an_archived_sessions_failed_turn_offers_no_retry(logged_in, chat_session, fake_llm):
+    from sessions_app.services import session_archive
+
+    turn = failed_turn(logged_in, chat_session, fake_llm)
+    session_archive(session=chat_session)
+
+    page = logged_in.get(page_url(chat_session)).content.decode()
+    assert "Incorrect API key provided" in page and ">Retry</button>" not in page
+    response = logged_in.post(retry_url(turn))
+    assert response.status_code == 409 and "archived" in response.content.decode()
+    turn.refresh_from_db()
+    assert turn.status == "failed"
