@@ -169,3 +169,20 @@ def test_the_schema_lists_the_retry_endpoint(api_client):
     assert set(operation["responses"]) >= {"202", "409", "503"}
     turn_fields = schema["components"]["schemas"]["Turn"]["properties"]
     assert "attempts" in turn_fields
+
+
+@pytest.mark.usefixtures("empty_turn_events")
+def test_a_follower_of_a_retried_turn_waits_for_the_new_attempt_not_the_failed_ones_end(
+    api_client, chat_session, fake_llm, django_capture_on_commit_callbacks
+):
+    from sessions_app.turns.events import turn_events_read
+    from sessions_app.turns.stream import _TurnFollower
+
+    turn = failed_turn(api_client, chat_session, fake_llm)
+    with django_capture_on_commit_callbacks(execute=False):
+        assert retry(api_client, turn.pk).status_code == 202  # queued; no worker has it yet
+
+    follower = _TurnFollower(turn=turn, done_body=dict, message_body=dict, last_event_id=None)
+    follower.take(turn_events_read(turn, after=None, timeout=0))
+
+    assert not follower.ended  # the failed attempt's end is behind the retry's reset
