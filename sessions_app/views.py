@@ -21,8 +21,8 @@ from django import forms
 from django.conf import settings
 from django.core.paginator import Paginator
 from django.db.models import Q
-from django.http import JsonResponse, QueryDict
-from django.shortcuts import redirect, render
+from django.http import HttpResponse, JsonResponse, QueryDict
+from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -31,6 +31,7 @@ from django.views.decorators.http import require_POST, require_safe
 
 from kinsite.api.errors import error_body
 from kinsite.errors import ServiceUnavailable
+from kinsite.models import LLMCall
 from kinsite.prompt_safety import one_line_problem
 from kinsite.selectors import kin_get
 from kinsite.views import can_manage, managers_only, render_partial_or_page, team_required, wants_partial
@@ -102,6 +103,19 @@ class ToolStep:
 
 
 @dataclass
+class TurnFailure:
+    """What the chat shows under a failed turn's message, to find the cause: the model it
+    asked for, the endpoint that failed (its path for members; LLM_BASE_URL itself only for
+    staff, who configure it: members never see where the model lives), and the model calls
+    its last attempt made (the kin's turn calls logged while it ran)."""
+
+    model: str
+    endpoint: str
+    calls: list[LLMCall] = field(default_factory=list)
+    retryable: bool = True  # not in an archived session (nothing is run there)
+
+
+@dataclass
 class ChatEntry:
     """A message or command event, with the tool steps folded under it and, for a
     user message, the turn that answered it (None for imported messages)."""
@@ -109,6 +123,7 @@ class ChatEntry:
     event: Event
     turn: Turn | None = None
     tool_steps: list[ToolStep] = field(default_factory=list)
+    failure: TurnFailure | None = None
 
     @property
     def error(self) -> str:
@@ -165,10 +180,11 @@ def chat_entries(events: list[Event], turn_rows: list[Turn], tool_events: list[E
     return entries
 
 
-def _entries_for(session: Session, events: list[Event]) -> list[ChatEntry]:
+def _entries_for(session: Session, events: list[Event], *, staff: bool = False) -> list[ChatEntry]:
     """Two queries whatever the number of events: their turns, and the tool events of
     those turns (found by the turn id stored on each tool event, from the oldest event
-    shown on, which keeps the scan on the session's time index)."""
+    shown on, which keeps the scan on the session's time index); a third when a turn
+    shown failed (its model calls, turn_failures). `staff`: show them LLM_BASE_URL."""
     if not events:
         return []
     user_ids = [event.pk for event in events if event.role == Event.Role.USER]
@@ -183,7 +199,46 @@ def _entries_for(session: Session, events: list[Event]) -> list[ChatEntry]:
                 data__turn__in=sorted(turn_ids),
             ).order_by("created_at", "id")
         )
-    return chat_entries(events, turn_rows, tool_events)
+    entries = chat_entries(events, turn_rows, tool_events)
+    failures = turn_failures(session, [entry.turn for entry in entries if entry.error], staff=staff)
+    for entry in entries:
+        if entry.error:
+            entry.failure = failures.get(entry.turn.pk)
+    return entries
+
+
+# The endpoint a chat turn calls, below LLM_BASE_URL (kinsite.llm.providers).
+CHAT_ENDPOINT_PATH = "/chat/completions"
+# A failed turn's entry links at most this many of its model calls.
+FAILURE_CALLS_SHOWN = 5
+
+
+def turn_failures(session: Session, failed: list[Turn], *, staff: bool) -> dict[int, TurnFailure]:
+    """Each failed turn's TurnFailure, by turn id, from one query of the kin's turn model calls
+    made while the failed turns ran (LLMCall rows carry the kin, not the turn: a call of
+    another session of the kin in the same seconds may be listed too)."""
+    if not failed:
+        return {}
+    kin = session.kin
+    windows = {turn.pk: (turn.started_at, turn.finished_at) for turn in failed if turn.started_at and turn.finished_at}
+    calls: list[LLMCall] = []
+    if windows:
+        calls = list(
+            LLMCall.objects.filter(
+                kin=kin, purpose="turn", created_at__gte=min(start for start, _ in windows.values()),
+                created_at__lte=max(end for _, end in windows.values()),
+            ).order_by("created_at", "id")
+        )
+    base_url = settings.LLM_BASE_URL.rstrip("/")
+    endpoint = (base_url if staff and base_url else "…") + CHAT_ENDPOINT_PATH
+    failures = {}
+    for turn in failed:
+        start, end = windows.get(turn.pk, (None, None))
+        own = [call for call in calls if start is not None and start <= call.created_at <= end]
+        model = own[-1].model if own else (kin.model or settings.LLM_MODEL)
+        failures[turn.pk] = TurnFailure(model=model, endpoint=endpoint, calls=own[-FAILURE_CALLS_SHOWN:],
+                                        retryable=session.archived_at is None)
+    return failures
 
 
 def _session_page(request, chat_session: Session, *, form: ChatPostForm | None = None, error: str = "",
@@ -195,7 +250,7 @@ def _session_page(request, chat_session: Session, *, form: ChatPostForm | None =
         # the introspection runs' one, keeping the page within its query budget.
         paginator.count = chat_session.event_count
     page = paginator.get_page(request.GET.get("page") or _page_of_event(chat_session, request.GET.get("event")))
-    entries = _entries_for(chat_session, list(reversed(page.object_list)))
+    entries = _entries_for(chat_session, list(reversed(page.object_list)), staff=request.user.is_staff)
     if form is None:
         form = ChatPostForm(initial={"sender": request.user.get_username()})
     context = {
@@ -440,7 +495,7 @@ def session_post(request, session_id: int):
     if not partial:
         return redirect(reverse("dashboard:session_detail", args=[chat_session.pk]))
     events = Event.objects.filter(pk__in=[turn.user_message_id, turn.reply_id]).order_by("created_at", "id")
-    entries = _entries_for(chat_session, list(events))
+    entries = _entries_for(chat_session, list(events), staff=request.user.is_staff)
     form = ChatPostForm(initial={"sender": sender})
     response = _post_partial(request, chat_session, entries=entries, form=form)
     # After the swap, so the preview reads the emptied message box.
@@ -477,15 +532,71 @@ def session_post_stream(request, session_id: int):
         return {"id": message.pk, "html": _entries_html([ChatEntry(event=message)])}
 
     def done_body(done: Turn) -> dict:
-        events = [event for event in (done.user_message, done.reply) if event is not None]
         return {"turn": done.pk, "message": done.user_message_id, "reply": done.reply_id,
-                "html": _entries_html(_entries_for(chat_session, events))}
+                "html": _turn_entries_html(request, chat_session, done)}
 
-    return turn_event_stream(request, turn, done_body=done_body, message_body=message_body)
+    def failed_body(failed: Turn) -> dict:
+        # The message with the error, what to check and Retry, as the page shows it.
+        return {"html": _turn_entries_html(request, chat_session, failed)}
+
+    return turn_event_stream(request, turn, done_body=done_body, message_body=message_body,
+                             failed_body=failed_body)
 
 
-def _entries_html(entries: list[ChatEntry]) -> str:
-    return render_to_string("dashboard/_chat_entries.html", {"entries": entries})
+def _turn_entries_html(request, chat_session: Session, turn: Turn) -> str:
+    """The turn's message and reply (or error) as the conversation shows them."""
+    events = [event for event in (turn.user_message, turn.reply) if event is not None]
+    return _entries_html(_entries_for(chat_session, events, staff=request.user.is_staff), request=request)
+
+
+def _entries_html(entries: list[ChatEntry], *, request=None) -> str:
+    # With the request, for the CSRF token of a failed turn's Retry form.
+    return render_to_string("dashboard/_chat_entries.html", {"entries": entries}, request=request)
+
+
+@require_POST
+@team_required
+def session_turn_retry(request, session_id: int, turn_id: int):
+    """Retry a failed turn (sessions_app.turns.turn_retry, as the API's POST /turns/{id}/retry/):
+    its stored message is answered again, not posted twice. Without htmx: back to the
+    session, at the message. With htmx: the turn's entries, replacing the failed one; a turn
+    still running (a worker has it) polls session_turn_entries until it ends. A turn that
+    got its reply meanwhile (a second click) just shows it."""
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    turn = get_object_or_404(Turn.objects.select_related("session"), session=chat_session, pk=turn_id)
+    error, status = "", 200
+    try:
+        turns.turn_retry(turn=turn)
+    except turns.TurnNotRetryable:
+        pass  # it has its reply (or no message): the entries show what it is
+    except (services.SessionArchived, ServiceUnavailable) as exc:
+        error, status = exc.message, exc.status
+    if not wants_partial(request):
+        if error:
+            return _session_page(request, chat_session, error=error, status=status)
+        page = reverse("dashboard:session_detail", args=[chat_session.pk])
+        return redirect(f"{page}?event={turn.user_message_id}#event-{turn.user_message_id}")
+    return _turn_entries_response(request, chat_session, turn_id, error=error)
+
+
+@require_safe
+@team_required
+def session_turn_entries(request, session_id: int, turn_id: int):
+    """The turn's entries (htmx): what a retried turn's entry polls while it runs."""
+    chat_session = selectors.session_get(team=request.team, session_id=session_id)
+    get_object_or_404(Turn, session=chat_session, pk=turn_id)
+    return _turn_entries_response(request, chat_session, turn_id)
+
+
+def _turn_entries_response(request, chat_session: Session, turn_id: int, *, error: str = "") -> HttpResponse:
+    turn = Turn.objects.select_related("user_message", "reply").get(pk=turn_id)
+    entries = _entries_for(chat_session, [e for e in (turn.user_message, turn.reply) if e is not None],
+                           staff=request.user.is_staff)
+    context = {"entries": entries, "chat_session": chat_session, "retry_error": error, "poll_unfinished": True}
+    response = render(request, "dashboard/_chat_entries.html", context)
+    if turn.status == Turn.Status.DONE:
+        response["HX-Trigger-After-Swap"] = "chat-posted"  # the preview and the panel refresh
+    return response
 
 
 def _refused(code: str, message: str, *, status: int, details: dict | None = None) -> JsonResponse:

@@ -30,5 +30,6 @@ urlpatterns = [
     ),
     path("turns/<int:turn_id>/", views.TurnDetailView.as_view(), name="turn-detail"),
     path("turns/<int:turn_id>/events/", views.TurnEventsView.as_view(), name="turn-events"),
+    path("turns/<int:turn_id>/retry/", views.TurnRetryView.as_view(), name="turn-retry"),
     *router.urls,
 ]

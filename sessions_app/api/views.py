@@ -219,6 +219,33 @@ class TurnDetailView(APIView):
         return Response(TurnSerializer(turn).data)
 
 
+class TurnRetryView(APIView):
+    """POST: run a failed turn again with the message it stored (no second user message).
+    Always queued, as ?async=1 posts are: 202 with the turn, to poll at /turns/{id}/ (with
+    eager Celery, the embedded default, it has run by then). Idempotent: a turn already
+    pending or running comes back unchanged. Rate-limited with the chat posts (API_RATE_CHAT)."""
+
+    throttle_classes = [TokenRateThrottle]
+    throttle_scope = "chat"
+
+    @extend_schema(
+        request=None,
+        responses={
+            202: OpenApiResponse(TURN_QUEUED, description="The turn, queued again (or, with eager Celery, run); "
+                                                          "a turn already pending or running comes back as it is."),
+            409: OpenApiResponse(description="The turn did not fail (it has its reply: turn_not_failed), its "
+                                             "message was deleted, or the session is archived. Nothing changes."),
+            503: OpenApiResponse(description="Redis is unreachable: the turn is pending again and runs once the "
+                                             "queue is back (details.turn)."),
+        },
+    )
+    def post(self, request, turn_id):
+        turn = get_object_or_404(Turn.objects.select_related("session"), session__kin__team=request_team(request),
+                                 pk=turn_id)
+        turn = turns.turn_retry(turn=turn)
+        return Response({"turn": TurnSerializer(turn).data}, status=status.HTTP_202_ACCEPTED)
+
+
 class TurnEventsView(EventStreamMixin, APIView):
     """GET: follow a turn as server-sent events (a running ?async=1 turn, or any other)."""
 

@@ -35,7 +35,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerUnreachable
 
-from kinsite.errors import ServiceUnavailable, UpstreamError
+from kinsite.errors import Conflict, ServiceUnavailable, UpstreamError
 from kinsite.jobs import REDIS_OUTAGES, JobKind, Recovered, job_claim, job_send, jobs_recover_stalled, jobs_requeue
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.types import LLMError, ToolCall
@@ -67,6 +67,12 @@ class TurnFailed(UpstreamError):
     """The model call of a turn failed; the user's message is stored and the turn records the error."""
 
     code = "llm_error"
+
+
+class TurnNotRetryable(Conflict):
+    """A retry of a turn that did not fail (it got its reply), or whose message is gone: nothing changes (409)."""
+
+    code = "turn_not_failed"
 
 
 class TurnNotQueued(ServiceUnavailable):
@@ -175,6 +181,46 @@ def turn_run(*, turn_id: int) -> Turn | None:
     return turn
 
 
+def turn_retry(*, turn: Turn) -> Turn:
+    """Run a failed turn again, with the user message it stored (no second message), and
+    return it, queued (pending) as an async post's turn is.
+
+    Idempotent: a turn already pending or running (retried before, or never failed) is
+    returned as it is, so a double click starts one run. A turn that got its reply raises
+    TurnNotRetryable (409), as does one whose message was deleted; an archived session
+    raises SessionArchived (409). The way back to pending is a conditional UPDATE from
+    failed, so of two concurrent retries one wins. The turn then runs in the session's
+    order like any unfinished turn: the next lock holder runs the oldest unfinished turn
+    first, so a retried turn runs before the turns posted after it that still wait; its
+    prompt ends at its own message (with the tool rounds its failed attempt stored), and its
+    reply is stored when it comes, after whatever the session got meanwhile. `attempts`
+    keeps counting. With the broker down it raises TurnNotQueued (503), the turn kept
+    pending for the requeue sweep."""
+    session_check_open(session=turn.session)
+    if turn.user_message_id is None:
+        raise TurnNotRetryable(
+            f"Turn {turn.pk} cannot be run again: its message was deleted. Post the message again.",
+            details={"turn": turn.pk, "status": turn.status},
+        )
+    with transaction.atomic():
+        retried = Turn.objects.filter(pk=turn.pk, status=Turn.Status.FAILED).update(
+            status=Turn.Status.PENDING, error="", started_at=None, finished_at=None,
+        )
+        if retried:
+            # Before the commit: a follower that reads the failed attempt's end after this
+            # drops it, and waits for the new attempt (turns/events.py).
+            turn_event_publish(turn, RESET, {"attempt": turn.attempts + 1, "retry": True})
+            transaction.on_commit(lambda: _turn_enqueue(turn))
+    turn = Turn.objects.select_related("session", "user_message", "reply").get(pk=turn.pk)
+    if not retried and turn.status == Turn.Status.DONE:
+        raise TurnNotRetryable(
+            f"Turn {turn.pk} did not fail: it has its reply (message {turn.reply_id}), so there is nothing to "
+            f"retry. Post a new message to ask again.",
+            details={"turn": turn.pk, "status": turn.status},
+        )
+    return turn
+
+
 def turns_requeue(*, now: datetime | None = None) -> list[int]:
     """Queue again the turns left pending without a task in the queue: async posts made
     while the broker was down (the post answered 503 and kept the turn), turns queued before
@@ -270,7 +316,8 @@ def _turn_send_again(turn_id: int) -> None:
 def _out_of_attempts_error(turn: Turn) -> str:
     return (f"The process running this turn stopped before it finished, {turn.attempts} times, so it is not "
             f"run again. Your message is stored (message {turn.user_message_id}), with whatever the kin did so "
-            f"far; post it again to get an answer.")
+            f"far; retry the turn (POST /api/v1/turns/{turn.pk}/retry/, or Retry in the chat) once the cause is "
+            f"fixed.")
 
 
 def _turn_oldest_unfinished(*, session_id: int) -> Turn | None:
@@ -316,7 +363,10 @@ def _turn_claim(turn: Turn) -> bool:
     worker run out of memory): then it is failed, and False says so."""
     unfinished = Turn.objects.filter(pk=turn.pk, status__in=UNFINISHED)
     now = timezone.now()
-    error = _turn_give_up(turn)
+    # Only a turn found running is a stopped process's: a pending one was checked by the
+    # stalled sweep before it was queued again, or is a member's retry, which runs once more
+    # whatever its count (turn_retry).
+    error = _turn_give_up(turn) if turn.status == Turn.Status.RUNNING else None
     if error is not None:
         turn.status, turn.error, turn.finished_at = Turn.Status.FAILED, error, now
         unfinished.update(status=turn.status, error=turn.error, finished_at=now)

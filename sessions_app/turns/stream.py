@@ -134,14 +134,15 @@ def _log_turn_failure(session: Session, exc: BaseException) -> None:
 
 
 def turn_event_stream(request, turn: Turn, *, done_body: DoneBody, message_body: MessageBody,
-                      last_event_id: str | None = None) -> StreamingHttpResponse:
+                      last_event_id: str | None = None, failed_body: DoneBody | None = None) -> StreamingHttpResponse:
     """The SSE response following `turn` to its end (see the module docstring). `message_body`
     builds the `message` event's JSON from the stored user message and `done_body` the `done`
     event's from the stored turn (the caller's serializers: this package sits below the API);
-    `last_event_id` (a client's Last-Event-ID) resumes after that event, without the `message`
-    event again."""
+    `failed_body`, if given, adds its keys to the `error` event's JSON (the dashboard's
+    rendered entry); `last_event_id` (a client's Last-Event-ID) resumes after that event,
+    without the `message` event again."""
     follower = _TurnFollower(turn=turn, done_body=done_body, message_body=message_body,
-                             last_event_id=event_id_or_none(last_event_id))
+                             last_event_id=event_id_or_none(last_event_id), failed_body=failed_body)
     django_request = getattr(request, "_request", request)  # a DRF Request wraps Django's
     content = _async_stream(follower) if isinstance(django_request, ASGIRequest) else _sync_stream(follower)
     response = StreamingHttpResponse(content, content_type=CONTENT_TYPE)
@@ -162,10 +163,12 @@ class _TurnFollower:
     """What both flavours of the stream share: the events to send, from the stored turn and
     the turn's published events; they differ only in how they wait."""
 
-    def __init__(self, *, turn: Turn, done_body: DoneBody, message_body: MessageBody, last_event_id: str | None):
+    def __init__(self, *, turn: Turn, done_body: DoneBody, message_body: MessageBody, last_event_id: str | None,
+                 failed_body: DoneBody | None = None):
         self.turn = turn  # whose event stream is followed (turn_stream: its id and creation time)
         self.turn_id = turn.pk
         self.done_body = done_body
+        self.failed_body = failed_body
         self.message_body = message_body
         self.resumed = last_event_id is not None
         self.last_id = last_event_id or MESSAGE_EVENT_ID
@@ -245,11 +248,14 @@ class _TurnFollower:
 
     def _error(self, turn: Turn) -> bytes:
         message_id = turn.user_message_id
-        return sse_event(event="error", event_id=self.last_id, data=error_body(
+        data = error_body(
             self.error_code or "turn_failed",
             f"The turn failed: {turn.error} Your message is stored (message {message_id}); see turn {turn.pk}.",
             {"turn": turn.pk, "message": message_id, "stored": True},
-        ))
+        )
+        if self.failed_body is not None:
+            data = {**self.failed_body(turn), **data}
+        return sse_event(event="error", event_id=self.last_id, data=data)
 
 
 def _sync_stream(follower: _TurnFollower) -> Iterator[bytes]:

@@ -77,6 +77,7 @@ class MarkupWorld:
     token: object
     run: object  # the consolidation run with the payload in all its texts
     model_call: object = None
+    turn: object = None  # the failed chat turn (its Retry and its entries' routes)
     # marker → (model label, field) of the value that carries it
     markers: dict[str, tuple[str, str]] = field(default_factory=dict)
     _counter: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -85,7 +86,7 @@ class MarkupWorld:
     def ids(self) -> dict[str, object]:
         return {"kin": self.kin.pk, "session": self.session.pk, "memory": self.memory.pk,
                 "workflow": self.workflow.pk, "node": self.node.client_id, "token": self.token.pk,
-                "model_call": self.model_call.pk}
+                "model_call": self.model_call.pk, "turn": self.turn.pk}
 
     def text(self, where: tuple[str, str], max_length: int | None = None) -> str:
         marker = f"m{next(self._counter)}"
@@ -149,7 +150,7 @@ def build_markup_world(*, team, user, payload: str) -> MarkupWorld:
                                  data={"turn": turn.pk})
     Turn.objects.filter(pk=turn.pk).update(reply=reply, tool_calls=1)
     failed_question = Event.objects.create(session=session, content="q2", sender="s")
-    TurnFactory(session=session, user_message=failed_question, status=Turn.Status.FAILED, error="e")
+    world.turn = TurnFactory(session=session, user_message=failed_question, status=Turn.Status.FAILED, error="e")
     Event.objects.create(session=session, kind=Event.Kind.COMMAND, content="/checkpoint", sender="s",
                          data={"command": "checkpoint"})
     SummaryFactory(session=session, content="summary", first_event=question, last_event=call,

@@ -99,6 +99,7 @@ ENDPOINTS = [
     Endpoint("GET", "sessions/{id}/introspections/", "session"),
     Endpoint("GET", "turns/{id}/", "turn"),
     Endpoint("GET", "turns/{id}/events/", "turn"),
+    Endpoint("POST", "turns/{id}/retry/", "turn"),
     Endpoint("GET", "kins/{id}/memories/", "kin"),
     Endpoint("POST", "kins/{id}/memories/", "kin", body={"content": "A new memory.", "category": "fact"}),
     Endpoint("GET", "kins/{id}/memories/search/", "kin", query=f"q={SECRET}"),

@@ -1,13 +1,14 @@
 // The session chat, streamed: the form posts to its data-stream-url, which answers the turn as
 // server-sent events (sessions_app.views.session_post_stream). EventSource cannot POST, so this
 // reads the fetch body and parses the events itself. The user's message shows at once, the
-// reply grows with each `delta`, tool calls and results show as they run, and `done` replaces
-// both with the entries the server rendered. Then `chat-posted` is fired on <body>: the prompt
+// reply grows with each `delta`, tool calls and results show as they run, and `done` (or an
+// `error` with the failed turn rendered: its error, what to check and Retry) replaces both with
+// the entries the server rendered. Then `chat-posted` is fired on <body>: the prompt
 // preview and the session panel refresh themselves (htmx triggers on the page).
 // Without this script the form posts as a plain form and the page reloads.
 //
 // Everything the server or the model wrote goes in as text (textContent), except the `html`
-// of `message` and `done`, which the server rendered from its escaping templates.
+// of `message`, `done` and `error`, which the server rendered from its escaping templates.
 (function () {
   "use strict";
 
@@ -188,8 +189,12 @@
       scrollToNewest();
       return true;
     } else if (event.name === "error") {
-      const error = data.error || {};
-      failed(pending, typeof error.message === "string" ? error.message : "The turn failed.");
+      // The server's rendering of the failed turn (the error, what to check, Retry) if it sent one.
+      if (!replaceWith([pending.message, pending.reply], data.html).length) {
+        const error = data.error || {};
+        failed(pending, typeof error.message === "string" ? error.message : "The turn failed.");
+      }
+      scrollToNewest();
       return true;
     }
     return false;
