@@ -443,3 +443,25 @@ def fake_openai_server(*, delay: float = 0.0, chunk_delay: float = 0.0) -> Itera
     """Generator for a pytest fixture: `yield from fake_openai_server()` gives a started server."""
     with FakeOpenAIServer(delay=delay, chunk_delay=chunk_delay) as server:
         yield server
+
+
+def main() -> None:
+    """Serve the fake on its own (scripts/check-fresh-install runs it beside real processes):
+    `python tests/support/fake_openai.py --port-file PATH` writes the chosen port to PATH
+    and answers until it is terminated. Only the standard library, so any Python runs it."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port-file", required=True, help="where to write the port the server listens on")
+    args = parser.parse_args()
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    with FakeOpenAIServer() as server:
+        with open(args.port_file, "w") as handle:
+            handle.write(str(server.port))
+        stopped.wait()
+
+
+if __name__ == "__main__":
+    main()
