@@ -29,10 +29,10 @@ from django.utils import timezone
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from consolidation.selectors import PENDING, experience_current
 from kinsite.cachelock import cache_lock
-from kinsite.errors import Conflict, InvalidInput
+from kinsite.errors import Conflict, InvalidInput, ModelNotConfigured
 from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit
 from kinsite.llm.gateway import llm_chat
-from kinsite.llm.providers import strip_json_fence
+from kinsite.llm.providers import chat_model_configured, model_not_configured_message, strip_json_fence
 from kinsite.llm.types import LLMBadResponse
 from kinsite.models import Kin
 from kinsite.prompt_safety import guarded, one_line
@@ -424,7 +424,8 @@ def consolidation_run(
     model is the gateway's (llm_chat, purpose "consolidation", JSON mode) unless `llm`, a
     callable prompt text → answer text, is given (the command's --llm). A rejected answer
     gets one corrective retry. `prepare` works without pending facts (it shows the prompt).
-    Raises TemplateError for an invalid explicit template, NothingToConsolidate when the
+    Raises ModelNotConfigured (nothing recorded) when the run would need the model and none
+    is configured, TemplateError for an invalid explicit template, NothingToConsolidate when the
     kin has no pending facts (no run is recorded, no model called), ConsolidationBusy when
     another run of the kin is in progress, and NightAlreadyConsolidated when `night` (a
     nightly run) is done already."""
@@ -440,6 +441,10 @@ def consolidation_run(
     with _locked_snapshot(kin=kin, template=template, max_words=max_words) as (snapshot, started):
         if snapshot is None:
             raise _nothing_to_consolidate(kin)
+        if llm is None and not chat_model_configured():
+            # Before any run is recorded: the offline stand-in's placeholder would only fail
+            # validation as a document.
+            raise _no_model(kin)
         run = _start(kin=kin, trigger=trigger, night=night, snapshot=snapshot, max_words=max_words)
         return _execute(run=run, kin=kin, snapshot=snapshot, llm=llm, started=started)
 
@@ -493,6 +498,8 @@ def consolidation_run_requested(*, run_id: int) -> ConsolidationRun | None:
     if run is None or run.status != Status.PENDING:
         return run
     kin = run.kin
+    if not chat_model_configured():
+        return consolidation_skip(run_id=run.pk, reason=_no_model(kin).message)
     template = template_resolve(kind=KIND, kin=kin)
     with _locked_snapshot(kin=kin, template=template, max_words=run.max_words) as (snapshot, started):
         if snapshot is None:
@@ -519,6 +526,11 @@ def consolidation_skip(*, run_id: int, reason: str) -> ConsolidationRun | None:
         status=Status.SKIPPED, error=reason, finished_at=timezone.now()
     )
     return ConsolidationRun.objects.filter(pk=run_id).first()
+
+
+def _no_model(kin: Kin) -> ModelNotConfigured:
+    return ModelNotConfigured(model_not_configured_message("Consolidation"),
+                              details={"kin": kin.pk, "setting": "LLM_BASE_URL"})
 
 
 def _busy(kin: Kin) -> ConsolidationBusy:
@@ -748,6 +760,15 @@ def consolidation_nightly(*, now: datetime | None = None) -> list[ConsolidationR
         if kin.oldest_pending is None or kin.oldest_pending >= moment:
             continue
         if ConsolidationRun.objects.filter(kin=kin, trigger=Trigger.NIGHTLY, night=night).exists():
+            continue
+        if not chat_model_configured():
+            # Recorded, once per kin and night (the nightly unique constraint), so the audit
+            # says why the facts still wait; they are consolidated on a night with a model.
+            skipped, _ = ConsolidationRun.objects.get_or_create(
+                kin=kin, trigger=Trigger.NIGHTLY, night=night,
+                defaults={"status": Status.SKIPPED, "error": _no_model(kin).message,
+                          "max_words": settings.CONSOLIDATION_MAX_WORDS, "finished_at": timezone.now()})
+            runs.append(skipped)
             continue
         try:
             runs.append(consolidation_run(kin=kin, trigger=Trigger.NIGHTLY, night=night))

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from consolidation import selectors, services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from kinsite.errors import ModelNotConfigured
 from kinsite.markdown import markdown_render
 from kinsite.selectors import kin_get
 from kinsite.views import team_required
@@ -211,6 +212,7 @@ def experience(request, kin_id: int):
         "consolidated_run": consolidated_run,
         "busy": "busy" in request.GET,
         "nothing": "nothing" in request.GET,
+        "no_model": "no_model" in request.GET,
     }
     return render(request, "consolidation/experience.html", context)
 
@@ -232,6 +234,9 @@ def experience_consolidate(request, kin_id: int):
         return redirect(page + "?busy=1")
     except services.NothingToConsolidate:
         return redirect(page + "?nothing=1")
+    except ModelNotConfigured:
+        # The button is disabled then; a form posted anyway (an old page) says the same.
+        return redirect(page + "?no_model=1")
     return redirect(page + f"?run={run.pk}#run-{run.pk}")
 
 

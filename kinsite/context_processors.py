@@ -1,6 +1,5 @@
 """Template context shared by every dashboard page."""
-from django.conf import settings
-
+from kinsite.llm.providers import chat_model_configured
 from kinsite.selectors import team_for_user
 
 
@@ -10,4 +9,4 @@ def dashboard(request):
     if team is None:
         user = getattr(request, "user", None)
         team = team_for_user(user=user) if user is not None else None
-    return {"current_team": team, "llm_configured": bool(settings.LLM_BASE_URL)}
+    return {"current_team": team, "llm_configured": chat_model_configured()}

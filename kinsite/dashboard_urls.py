@@ -56,6 +56,7 @@ pages = [
          name="workflow_node_export"),
     path("activity/", session_views.team_activity, name="activity"),
     path("model-calls/<int:model_call_id>/", views.model_call_detail, name="model_call_detail"),
+    path("help/model/", views.model_help, name="model_help"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
 ]

@@ -46,3 +46,11 @@ class ServiceUnavailable(KinsiteError):
     code = "service_unavailable"
     status = 503
     retry_after = 30  # seconds: Redis restarts or fails over in about that time
+
+
+class ModelNotConfigured(KinsiteError):
+    """The work needs a language model and none is configured (LLM_BASE_URL is empty).
+    503 without Retry-After: it stays so until an operator sets the endpoint."""
+
+    code = "model_not_configured"
+    status = 503

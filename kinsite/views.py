@@ -5,6 +5,7 @@ other teams' objects answer 404. Kins are written through sessions_app.services,
 API's rules (sessions_app.forms)."""
 from functools import wraps
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest, HttpResponseForbidden
@@ -13,6 +14,7 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods
 
+from kinsite.llm.providers import chat_model_configured
 from kinsite.models import Membership
 from kinsite.selectors import api_token_list, kin_get, llm_call_get, team_for_user
 from kinsite.services import api_token_issue, api_token_revoke
@@ -137,6 +139,18 @@ def kin_edit(request, kin_id: int):
         return redirect(reverse("dashboard:kin_detail", args=[kin.pk]) + "?saved=1")
     status = 400 if request.method == "POST" else 200
     return render(request, "dashboard/kin_form.html", {"form": form, "kin": kin}, status=status)
+
+
+@login_required
+def model_help(request):
+    """What needs a language model, what works without one, and how to connect one; whether
+    one is connected now (never its address, which is internal)."""
+    context = {
+        "chat_configured": chat_model_configured(),
+        "embeddings_configured": bool(settings.LLM_BASE_URL and settings.LLM_EMBEDDING_MODEL),
+        "model_name": settings.LLM_MODEL if settings.LLM_BASE_URL else "",
+    }
+    return render(request, "dashboard/model_help.html", context)
 
 
 @team_required

@@ -26,6 +26,7 @@ from kinsite.jobs import (
     past_task_time_limit,
 )
 from kinsite.llm.gateway import llm_chat
+from kinsite.llm.providers import chat_model_configured, model_not_configured_message
 from kinsite.llm.types import LLMBadResponse, LLMError
 from kinsite.models import PromptTemplate
 from kinsite.prompt_safety import continued, one_line, quoted
@@ -429,6 +430,10 @@ def compaction_run(*, run_id: int, last_try: bool = True) -> CompactionRun | Non
     retry to claim, or, on the `last_try`, is failed."""
     run = CompactionRun.objects.select_related("session__kin__team").filter(pk=run_id).first()
     if run is None or not job_claim(COMPACTION_JOBS, run.pk):
+        return run
+    if not chat_model_configured():
+        # The offline stand-in's placeholder must not become the session's summary.
+        _run_close(run, status=CompactionRun.Status.SKIPPED, error=model_not_configured_message("Compaction"))
         return run
     try:
         summary = session_compact(session=run.session)

@@ -224,6 +224,7 @@ class CompactionRun(models.Model):
         RUNNING = "running"
         DONE = "done"  # summary: the one it wrote; none when there was nothing to do
         FAILED = "failed"
+        SKIPPED = "skipped"  # could not run (no model configured): error says why, nothing written
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="compaction_runs")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)

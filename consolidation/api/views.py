@@ -99,10 +99,13 @@ class KinConsolidateView(APIView):
             409: OpenApiResponse(description="nothing_to_consolidate: the kin has no pending facts (no run, no "
                                  "model call); consolidation_busy: another consolidation of the kin is running."),
             502: OpenApiResponse(description="The model call failed; the run is recorded as failed (details.run)."),
+            503: OpenApiResponse(description="model_not_configured: no language model is configured (LLM_BASE_URL "
+                                 "is empty); nothing is recorded. `prepare` still renders."),
         },
         description="Consolidates the kin's pending facts now, synchronously, and answers with the run. "
         "200 whatever the run's status (prepared, applied or rejected: read `status`); "
-        "409 when there is nothing to consolidate (prepare still renders); 502 when the model failed.",
+        "409 when there is nothing to consolidate (prepare still renders); 502 when the model failed; "
+        "503 when no model is configured.",
     )
     def post(self, request, kin_id):
         kin = kin_get(team=request_team(request), kin_id=kin_id)

@@ -563,6 +563,20 @@ OFFLINE_MESSAGE = (
 )
 
 
+def chat_model_configured() -> bool:
+    """Whether chat calls reach a model: False on the offline stand-in (no LLM_BASE_URL).
+    Work whose result would be the stand-in's placeholder (introspection, compaction,
+    consolidation) checks this first and refuses or skips instead."""
+    return not isinstance(get_default_provider(), OfflineProvider)
+
+
+def model_not_configured_message(work: str) -> str:
+    """The refusal for `work` ("Consolidation", ...) when chat_model_configured() is False."""
+    return (f"{work} needs a language model, and none is configured: LLM_BASE_URL is empty. Set LLM_BASE_URL "
+            f"(and LLM_API_KEY, LLM_MODEL) to an OpenAI-compatible endpoint to enable introspection, compaction, "
+            f"consolidation and real chat replies; see the README's \"What runs without a model\".")
+
+
 class OfflineProvider:
     """Answers when no endpoint is configured, saying so plainly instead of pretending to think."""
 

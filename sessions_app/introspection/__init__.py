@@ -44,6 +44,7 @@ from kinsite.jobs import (
     past_task_time_limit,
 )
 from kinsite.llm.gateway import llm_chat
+from kinsite.llm.providers import chat_model_configured, model_not_configured_message
 from kinsite.models import Kin
 from kinsite.prompt_safety import one_line, quoted
 from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
@@ -358,6 +359,11 @@ def _run(run: IntrospectionRun) -> IntrospectionRun:
     if not events:
         Session.objects.filter(pk=session.pk).update(introspection_pending=False)
         return _finish_without_run(run, started, "No new events since the last introspection.")
+    if not chat_model_configured():
+        # The events stay after the cursor, so the first run with a model covers them; the
+        # flag is cleared so the idle scan does not record a skipped run every few minutes.
+        Session.objects.filter(pk=session.pk).update(introspection_pending=False)
+        return _finish_without_run(run, started, model_not_configured_message("Introspection"))
 
     run.first_event_id, run.last_event_id, run.event_count = events[0].pk, events[-1].pk, len(events)
     template = template_resolve(kind="introspection", kin=kin)

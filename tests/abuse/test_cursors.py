@@ -16,6 +16,7 @@ from tests.factories import (
     MemoryChangeFactory,
     MemoryFactory,
     MessageFactory,
+    SessionFactory,
     WorkflowFactory,
 )
 
@@ -59,6 +60,7 @@ def paged(own):
         MemoryChangeFactory(memory=own.memory, action="update", after={"content": own.memory.content})
         IntrospectionRunFactory(session=own.session)
         MessageFactory(session=own.session)
+        SessionFactory(kin=own.kin)
         WorkflowFactory(team=own.kin.team)
     return own
 

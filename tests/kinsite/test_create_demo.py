@@ -73,8 +73,10 @@ def test_demo_has_pending_facts_two_experience_versions_turns_and_runs(create_de
     assert Memory.objects.filter(kin=kin).count() == 4
     assert list(Turn.objects.filter(session=session).values_list("status", flat=True)) == ["done", "done"]
     assert Event.objects.filter(session=session, kind=Event.Kind.COMMAND, content="/checkpoint").exists()
-    assert list(IntrospectionRun.objects.filter(session=session).values_list("trigger", "status")) == [
-        ("checkpoint", "done")]
+    # No model on the embedded defaults: the run is recorded as skipped, saying why.
+    runs = list(IntrospectionRun.objects.filter(session=session).values_list("trigger", "status", "summary"))
+    assert [(trigger, status) for trigger, status, _ in runs] == [("checkpoint", "skipped")]
+    assert "LLM_BASE_URL" in runs[0][2]
     assert list(WorkflowRun.objects.filter(workflow_id=demo["workflow_id"]).values_list("status", flat=True)) == [
         "done"]
 
@@ -105,7 +107,7 @@ def test_every_listed_page_answers_and_shows_the_demo_data(client, create_demo):
     assert "Welcome chat" in shown["Kin"]
     assert "I run the data team at Northwind" in shown["Session"]
     assert "What did we decide about dedupe?" in shown["Session"]
-    assert "Nothing worth storing." in shown["Session"]  # the /checkpoint's introspection run
+    assert "Introspection needs a language model" in shown["Session"]  # the /checkpoint's skipped run
     assert "Maria prefers short answers." in shown["Memories"]
     # The current version, and the diff from version 1 to it.
     assert "The quarterly report is built from the cleaned customer CSV exports." in shown["Experience"]

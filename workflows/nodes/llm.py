@@ -62,6 +62,15 @@ def render_template(template: str, record: Record, lineage: Callable[[], str]) -
     return TOKEN.sub(value, template)
 
 
+def _model_required(node: str) -> None:
+    """A NodeError saying what to configure, instead of the offline stand-in's placeholder
+    landing in the records (or failing as "not JSON")."""
+    from kinsite.llm.providers import chat_model_configured, model_not_configured_message
+
+    if not chat_model_configured():
+        raise NodeError(model_not_configured_message(f"The {node} node"))
+
+
 def _max_records(config: dict) -> int:
     limit = config.get("max_records")
     return LLM_DEFAULT_MAX_RECORDS if limit is None else limit
@@ -103,6 +112,8 @@ class LlmInference(NodeType):
                 f"{len(records)} records would mean {len(records)} model calls; this node allows {limit} "
                 "(raise its max_records or filter upstream)."
             )
+        if records:
+            _model_required("LLM")
         output_field = config.get("output_field") or "llm_output"
         messages_prefix = [{"role": "system", "content": config["system"]}] if config.get("system") else []
         out = []
@@ -144,6 +155,7 @@ def _generated_conditions(ctx: RunContext, config: dict, records: list[Record]) 
         and not check_conditions(generated.get("conditions"), generated.get("combine", "and"))
     ):
         return generated
+    _model_required("smart filter")
     sample = json.dumps(records[:SMART_FILTER_SAMPLE_RECORDS], ensure_ascii=False, default=str)[:3000]
     user = (
         f"Instruction: {config['instruction']}\n"

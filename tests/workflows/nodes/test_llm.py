@@ -74,3 +74,12 @@ def test_llm_prompt_placeholder_check_is_linear_and_the_prompt_is_bounded():
     too_long = validate_params(NODE_TYPES["llm_inference"], {"prompt": "x" * (llm.PROMPT_MAX_CHARS + 1)})
     assert too_long == [f"'prompt' is {llm.PROMPT_MAX_CHARS + 1} characters; the limit is "
                         f"{llm.PROMPT_MAX_CHARS}."]
+
+
+def test_without_a_model_the_llm_nodes_fail_saying_what_to_configure():
+    # No provider override and no LLM_BASE_URL: the offline stand-in would answer a placeholder.
+    with pytest.raises(NodeError, match="The LLM node needs a language model.*LLM_BASE_URL"):
+        run("llm_inference", {"prompt": "About {{name}}"}, PEOPLE)
+    with pytest.raises(NodeError, match="The smart filter node needs a language model.*LLM_BASE_URL"):
+        run("llm_smart_filter", {"instruction": "only adults"}, PEOPLE)
+    assert run("llm_inference", {"prompt": "About {{name}}"}, []) == []  # nothing to ask, nothing refused
