@@ -198,12 +198,15 @@ async def experience_read(
     kin_id: KinId,
     ctx: Context,
     version: Annotated[int | None, Field(ge=1, description="A version number; default: the current one.")] = None,
-    section: Annotated[str | None, Field(min_length=1, max_length=200,
-                                         description="A section number ('2') or heading text ('Defensive "
-                                                     "Safeguards'); default: the whole document.")] = None,
+    section: Annotated[
+        Annotated[int, Field(ge=0, le=1000)] | Annotated[str, Field(min_length=1, max_length=200)] | None,
+        Field(description="A section number (2 or '2'; 0 is the title part) or heading text ('Defensive "
+                          "Safeguards'); default: the whole document."),
+    ] = None,
 ) -> dict[str, Any]:
     """Read a kin's experience document (markdown): the whole document, a past version, or one section.
     Answers {version, markdown, word_count, run, created_at} (and {section} when one was asked for)."""
+    section = None if section is None else str(section)
     return await _run(ctx, tools.experience_read, kin_id=kin_id, version=version, section=section)
 
 

@@ -139,19 +139,23 @@ def test_experience_read_whole_a_version_or_a_section(mcp_url, mcp_token, mcp_ki
     ExperienceVersionFactory(kin=mcp_kin, version=1, markdown="# Master AI Experience\n- first draft\n")
     ExperienceVersionFactory(kin=mcp_kin, version=2, markdown=EXPERIENCE)
 
-    current, first, section, no_section, no_version = calls(
+    current, first, section, numbered, no_section, no_version, negative = calls(
         mcp_url, mcp_token,
         ("experience_read", {"kin_id": mcp_kin.pk}),
         ("experience_read", {"kin_id": mcp_kin.pk, "version": 1}),
         ("experience_read", {"kin_id": mcp_kin.pk, "section": "2"}),
+        ("experience_read", {"kin_id": mcp_kin.pk, "section": 2}),  # a number, as an agent sends it
         ("experience_read", {"kin_id": mcp_kin.pk, "section": "Anti-Patterns"}),
         ("experience_read", {"kin_id": mcp_kin.pk, "version": 7}),
+        ("experience_read", {"kin_id": mcp_kin.pk, "section": -1}),
     )
 
     assert current.structured_content["version"] == 2 and current.structured_content["markdown"] == EXPERIENCE
     assert first.structured_content["markdown"] == "# Master AI Experience\n- first draft\n"
     assert "Back up the database" in section.structured_content["markdown"]
     assert "short answers" not in section.structured_content["markdown"]
+    assert numbered.structured_content == section.structured_content
+    assert "section" in error_text(negative)
     assert "has no section 'Anti-Patterns'" in error_text(no_section)
     assert f"Kin {mcp_kin.pk} has no experience version 7" in error_text(no_version)
 
