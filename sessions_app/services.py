@@ -5,6 +5,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from kinsite.dbstats import analyze_after_commit
 from kinsite.errors import Conflict
 from kinsite.models import Kin, Team
 from kinsite.tokencount import count_tokens
@@ -193,4 +194,5 @@ def messages_import(*, session: Session, items: list[ImportItem]) -> ImportResul
             # Dated inside summarised time: the prompt's history starts after the summary, so
             # only a new summary brings them into the context; it keeps the boundary.
             compaction_request(session=session)
+        analyze_after_commit(Event, "sessions_app_searchposting")
     return ImportResult(created=len(rows), skipped=len(items) - len(rows))

@@ -8,8 +8,11 @@ from typing import NamedTuple
 
 from django.db import IntegrityError, models, transaction
 
+from consolidation.models import Fact
+from kinsite.dbstats import analyze_after_commit
 from kinsite.errors import InvalidInput
 from kinsite.models import Kin, Team
+from memories.models import Memory, MemoryChange, MemoryTermCount
 from sessions_app.api.serializers import KinSerializer
 from sessions_app.models import Event, Turn
 from transfer.format import (
@@ -67,6 +70,7 @@ def kin_import(*, team: Team, document) -> ImportResult:
             KinImport.objects.create(team=team, kin=kin, digest=digest, format_version=VERSION,
                                      source_kin_id=document["kin"]["id"])
             transaction.on_commit(_reembed_soon)
+            analyze_after_commit(Event, "sessions_app_searchposting", Memory, MemoryTermCount, MemoryChange, Fact)
     except IntegrityError as exc:
         # Two imports of one document at once: the unique (team, digest) lets one through,
         # and the other answers the kin the first made.
