@@ -141,7 +141,7 @@ def kin_edit(request, kin_id: int):
     return render(request, "dashboard/kin_form.html", {"form": form, "kin": kin}, status=status)
 
 
-@login_required
+@team_required
 def model_help(request):
     """What needs a language model, what works without one, and how to connect one; whether
     one is connected now (never its address, which is internal)."""

@@ -97,7 +97,7 @@ PAGES = [
     PhonePage("memory edit", lambda w: f"/kins/{w.kin_id}/memories/{w.memory_id}/edit/", ("#id_content", SUBMIT)),
     PhonePage("memory delete", lambda w: f"/kins/{w.kin_id}/memories/{w.memory_id}/delete/", (SUBMIT,)),
     PhonePage("experience", lambda w: f"/kins/{w.kin_id}/experience/",
-              (".consolidate-form button", "#diff-from", ".diff-form button[type=submit]", ".run-detail summary")),
+              (".consolidate-form button[type=submit]", "#diff-from", ".diff-form button[type=submit]", ".run-detail summary")),
     PhonePage("experience diff", lambda w: f"/kins/{w.kin_id}/experience/?from=1&to=2",
               (".diff-form button[type=submit]",), ready="#experience-diff"),
     PhonePage("experience side-by-side diff",
