@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Model, Q, QuerySet, prefetch_related_objects
 from django.urls import reverse
 
 from consolidation.models import ConsolidationRun
@@ -55,7 +55,9 @@ class ActivityRow:
     status: str  # one of STATUSES
     own_status: str  # the kind's own word for it
     what: str  # one line: the session, the trigger, the workflow, the model
-    kin_name: str  # "" for team-level work (workflow runs, a model call of no kin)
+    # With id, name and created_at read (and, on the team's page, its imports): what tells it
+    # from a kin of the same name. None for team-level work (workflow runs, a model call of no kin).
+    kin: Kin | None
     duration: timedelta | None
     error: str  # the error's first line (failures), else ""
     url: str
@@ -63,6 +65,10 @@ class ActivityRow:
     @property
     def key(self) -> tuple[datetime, str, int]:
         return (self.created_at, self.kind, self.pk)
+
+    @property
+    def kin_name(self) -> str:
+        return self.kin.name if self.kin else ""
 
     @property
     def shows_own_status(self) -> bool:
@@ -117,13 +123,13 @@ def _duration(job, duration_ms: int = 0) -> timedelta | None:
     return timedelta(milliseconds=duration_ms) if duration_ms else None
 
 
-def _row(source_kind: str, job, *, what: str, kin_name: str, url: str, duration: timedelta | None,
+def _row(source_kind: str, job, *, what: str, kin: Kin | None, url: str, duration: timedelta | None,
          error: str = "") -> ActivityRow:
     source = SOURCES[source_kind]
     status = source.statuses.get(job.status, job.status)
     return ActivityRow(
         kind=source.kind, kind_label=source.label, pk=job.pk, created_at=job.created_at, status=status,
-        own_status=job.status, what=what, kin_name=kin_name, duration=duration,
+        own_status=job.status, what=what, kin=kin, duration=duration,
         error=first_line(error) if status == FAILED else "", url=url,
     )
 
@@ -142,21 +148,21 @@ def _turn_row(turn: Turn) -> ActivityRow:
                            anchor=f"event-{turn.user_message_id}")
     else:
         url = _session_url(turn.session_id)
-    return _row("turn", turn, what=what, kin_name=turn.session.kin.name, url=url, duration=_duration(turn),
+    return _row("turn", turn, what=what, kin=turn.session.kin, url=url, duration=_duration(turn),
                 error=turn.error)
 
 
 def _introspection_row(run: IntrospectionRun) -> ActivityRow:
     what = f"{run.get_trigger_display()} · {run.session} · {run.event_count} event{'s' if run.event_count != 1 else ''}"
     # ?run= makes the session page's panel list runs down to this one.
-    return _row("introspection", run, what=what, kin_name=run.session.kin.name,
+    return _row("introspection", run, what=what, kin=run.session.kin,
                 url=_session_url(run.session_id, query=f"run={run.pk}", anchor=f"introspection-run-{run.pk}"),
                 duration=_duration(run, run.duration_ms), error=run.error)
 
 
 def _compaction_row(run: CompactionRun) -> ActivityRow:
     what = f"{run.session}" + (f" · summary #{run.summary_id}" if run.summary_id else "")
-    return _row("compaction", run, what=what, kin_name=run.session.kin.name, url=_session_url(run.session_id),
+    return _row("compaction", run, what=what, kin=run.session.kin, url=_session_url(run.session_id),
                 duration=_duration(run), error=run.error)
 
 
@@ -165,12 +171,12 @@ def _consolidation_row(run: ConsolidationRun) -> ActivityRow:
     if run.word_count:
         what += f" · {run.word_count} words"
     url = reverse("dashboard:experience", args=[run.kin_id]) + f"?run={run.pk}#run-{run.pk}"
-    return _row("consolidation", run, what=what, kin_name=run.kin.name, url=url,
+    return _row("consolidation", run, what=what, kin=run.kin, url=url,
                 duration=_duration(run, run.duration_ms), error=run.error)
 
 
 def _workflow_run_row(run: WorkflowRun) -> ActivityRow:
-    return _row("workflow_run", run, what=run.workflow.name, kin_name="",
+    return _row("workflow_run", run, what=run.workflow.name, kin=None,
                 url=reverse("dashboard:workflow_detail", args=[run.workflow_id]), duration=_duration(run),
                 error=run.error)
 
@@ -178,7 +184,7 @@ def _workflow_run_row(run: WorkflowRun) -> ActivityRow:
 def _model_call_row(call: LLMCall) -> ActivityRow:
     what = f"{call.purpose} · {call.provider}/{call.model} · {call.tokens_in} in / {call.tokens_out} out tokens"
     duration = timedelta(milliseconds=call.latency_ms) if call.latency_ms else None
-    return _row("model_call", call, what=what, kin_name=call.kin.name if call.kin_id else "",
+    return _row("model_call", call, what=what, kin=call.kin if call.kin_id else None,
                 url=reverse("dashboard:model_call_detail", args=[call.pk]), duration=duration, error=call.error)
 
 
@@ -188,7 +194,7 @@ def _model_call_row(call: LLMCall) -> ActivityRow:
 # serve the newest-first reads (sessions_app 0016, consolidation 0005, workflows 0002, kinsite 0006).
 
 JOB_FIELDS = ("id", "status", "error", "created_at", "started_at", "finished_at")
-SESSION_FIELDS = ("session__id", "session__title", "session__kin__id", "session__kin__name")
+SESSION_FIELDS = ("session__id", "session__title", "session__kin__id", "session__kin__name", "session__kin__created_at")
 
 
 def _by_session(model, scope: Scope) -> QuerySet:
@@ -213,7 +219,7 @@ def _compaction_runs(scope: Scope) -> QuerySet:
 
 def _consolidation_runs(scope: Scope) -> QuerySet:
     rows = ConsolidationRun.objects.select_related("kin").only(
-        *JOB_FIELDS, "kin__id", "kin__name", "trigger", "night", "word_count", "duration_ms"
+        *JOB_FIELDS, "kin__id", "kin__name", "kin__created_at", "trigger", "night", "word_count", "duration_ms"
     )
     return rows.filter(kin=scope.kin) if scope.kin else rows.filter(kin__team=scope.team)
 
@@ -227,7 +233,7 @@ def _workflow_runs(scope: Scope) -> QuerySet:
 def _model_calls(scope: Scope) -> QuerySet:
     rows = LLMCall.objects.select_related("kin").only(
         "id", "status", "error", "created_at", "purpose", "provider", "model", "tokens_in", "tokens_out",
-        "latency_ms", "kin__id", "kin__name",
+        "latency_ms", "kin__id", "kin__name", "kin__created_at",
     )
     return rows.filter(kin=scope.kin) if scope.kin else rows.filter(team=scope.team)
 
@@ -323,7 +329,9 @@ class ActivityPage:
 
 def activity_page(*, scope: Scope, kinds: list[str], statuses: list[str], cursor: Key | None = None,
                   size: int = PAGE_SIZE) -> ActivityPage:
-    """One page of the scope's activity, newest first: at most one query per kind."""
+    """One page of the scope's activity, newest first: at most one query per kind, and on the
+    team's page one more for the imports of the rows' kins (a kin's page names its kin once,
+    above the rows)."""
     wanted = set(statuses)
     rows: list[ActivityRow] = []
     for kind in kinds:
@@ -338,4 +346,6 @@ def activity_page(*, scope: Scope, kinds: list[str], statuses: list[str], cursor
         rows.extend(source.row(item) for item in queryset[: size + 1])
     rows.sort(key=lambda row: row.key, reverse=True)
     page = rows[:size]
+    if scope.kin is None:
+        prefetch_related_objects([row.kin for row in page if row.kin], "imports")
     return ActivityPage(rows=page, next_cursor=cursor_encode(page[-1].key) if len(rows) > size else None)

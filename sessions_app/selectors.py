@@ -365,14 +365,15 @@ def _search_sqlite(terms, scope_sql, scope_param, pool):
 
 def kin_list_with_stats(*, team: Team, name_query: str = ""):
     """The team's kins, each with `session_count` and `last_activity_at` (None
-    without sessions), optionally filtered by a case-insensitive name fragment."""
+    without sessions) and its `imports` (what tells same-named kins apart), optionally
+    filtered by a case-insensitive name fragment."""
     qs = kin_list(team=team)
     if name_query:
         qs = qs.filter(name__icontains=name_query)
     return qs.annotate(
         session_count=Count("sessions"),
         last_activity_at=Max("sessions__last_activity_at"),
-    ).order_by("name", "id")
+    ).prefetch_related("imports").order_by("name", "id")
 
 
 def session_list_with_counts(*, team: Team, kin: Kin, include_archived: bool = False):

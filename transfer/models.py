@@ -6,7 +6,8 @@ from django.db import models
 class KinImport(models.Model):
     team = models.ForeignKey("kinsite.Team", on_delete=models.CASCADE, related_name="kin_imports")
     # Deleting the imported kin deletes this record too, so the document can be imported again.
-    kin = models.ForeignKey("kinsite.Kin", on_delete=models.CASCADE, related_name="+")
+    # kin.imports tells an imported kin from others of the same name (the dashboard's lists).
+    kin = models.ForeignKey("kinsite.Kin", on_delete=models.CASCADE, related_name="imports")
     # SHA-256 of the document's canonical JSON (sorted keys, no spaces): the same document
     # sent pretty-printed or compact is the same import.
     digest = models.CharField(max_length=64)
