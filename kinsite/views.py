@@ -5,7 +5,6 @@ other teams' objects answer 404. Kins are written through sessions_app.services,
 API's rules (sessions_app.forms)."""
 from functools import wraps
 
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest, HttpResponseForbidden
@@ -14,7 +13,7 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods
 
-from kinsite.llm.providers import chat_model_configured
+from kinsite.llm.providers import chat_model_configured, get_default_provider
 from kinsite.models import Membership
 from kinsite.selectors import api_token_list, kin_get, llm_call_get, team_for_user
 from kinsite.services import api_token_issue, api_token_revoke
@@ -145,10 +144,13 @@ def kin_edit(request, kin_id: int):
 def model_help(request):
     """What needs a language model, what works without one, and how to connect one; whether
     one is connected now (never its address, which is internal)."""
+    # The provider's own answers (as search and chat see it), not a second reading of settings.
+    provider = get_default_provider()
+    chat_configured = chat_model_configured()
     context = {
-        "chat_configured": chat_model_configured(),
-        "embeddings_configured": bool(settings.LLM_BASE_URL and settings.LLM_EMBEDDING_MODEL),
-        "model_name": settings.LLM_MODEL if settings.LLM_BASE_URL else "",
+        "chat_configured": chat_configured,
+        "embeddings_configured": bool(getattr(provider, "supports_embeddings", False)),
+        "model_name": getattr(provider, "model", "") if chat_configured else "",
     }
     return render(request, "dashboard/model_help.html", context)
 
