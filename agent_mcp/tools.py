@@ -24,7 +24,7 @@ from consolidation.api.serializers import (
 )
 from consolidation.models import Fact
 from consolidation.services import fact_record
-from kinsite.actors import Actor
+from kinsite.actors import Actor, token_ref
 from kinsite.api.auth import TokenPrincipal
 from kinsite.api.throttles import token_throttle_check
 from kinsite.errors import InvalidInput, NotFound
@@ -100,11 +100,11 @@ def _valid(serializer_class, data: dict[str, Any]) -> dict[str, Any]:
 
 def _actor(caller: TokenPrincipal) -> Actor:
     # As the API's (memories.api.views), marked as coming through MCP in the change log.
-    return Actor(label=f"mcp token:{caller.token.prefix}", user=caller.token.user)
+    return Actor(label=f"mcp {token_ref(caller.token)}", user=caller.token.user)
 
 
 def _source_ref(caller: TokenPrincipal) -> str:
-    return f"token:{caller.token.prefix}"
+    return token_ref(caller.token)
 
 
 # --- memories ---------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from django.contrib import admin
 
 from consolidation import services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from kinsite.actors import user_ref
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 
 FACT_ADD_FIELDS = ["kin", "statement", "category"]
@@ -42,7 +43,7 @@ class FactAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
             statement=form.cleaned_data["statement"],
             category=form.cleaned_data["category"],
             source=Fact.Source.ADMIN,
-            source_ref=f"user:{request.user.get_username()}",
+            source_ref=user_ref(request.user),
         )
         # The admin logs the addition and links to `obj`: make it the recorded row.
         for field in Fact._meta.concrete_fields:

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from consolidation.selectors import PENDING, experience_current
+from kinsite.actors import writer_ref, writer_ref_check
 from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict, InvalidInput, ModelNotConfigured
 from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit
@@ -118,7 +119,8 @@ def fact_record(
     if source not in Fact.Source.values:
         raise ValueError(f"Unknown fact source {source!r}")  # a programming error, not user input
     return Fact.objects.create(
-        kin=kin, statement=statement, category=category, source=source, source_ref=source_ref[:200], memory=memory
+        kin=kin, statement=statement, category=category, source=source,
+        source_ref=writer_ref_check(source_ref), memory=memory,
     )
 
 
@@ -682,7 +684,7 @@ def consolidation_apply(
     from, unless a fact still in force records the same memory), and the run closed."""
     kin_id = run.kin_id
     Kin.objects.select_for_update().filter(pk=kin_id).values_list("pk").first()  # serialise versions per kin
-    actor = Actor(label=f"consolidation_run:{run.pk}")
+    actor = Actor(label=writer_ref("consolidation_run", run.pk))
 
     superseded = list(Fact.objects.filter(kin_id=kin_id, pk__in=answer.superseded_ids, status=Fact.Status.ACTIVE))
     if len(superseded) != len(answer.superseded_ids):

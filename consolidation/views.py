@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from consolidation import selectors, services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from kinsite.actors import user_ref
 from kinsite.errors import ModelNotConfigured
 from kinsite.markdown import markdown_render
 from kinsite.selectors import kin_get
@@ -261,7 +262,7 @@ def fact_list(request, kin_id: int):
             statement=form.cleaned_data["statement"],
             category=form.cleaned_data["category"],
             source=Fact.Source.DASHBOARD,
-            source_ref=f"user:{request.user.get_username()}",
+            source_ref=user_ref(request.user),
         )
         return redirect(reverse("dashboard:fact_list", args=[kin.pk]) + f"?added={fact.pk}")
     facts = _pending_first(selectors.fact_list(team=request.team, kin=kin))

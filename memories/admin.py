@@ -9,13 +9,14 @@ everywhere else."""
 from django.contrib import admin, messages
 from django.db.models.functions import Length
 
+from kinsite.actors import user_ref
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from memories import services
 from memories.models import EmbeddingRun, Memory, MemoryChange, MemoryTermCount, MemoryVector, MemoryVectorScope
 
 
 def _actor(request) -> services.Actor:
-    return services.Actor(label=f"user:{request.user.get_username()}", user=request.user)
+    return services.Actor(label=user_ref(request.user), user=request.user)
 
 
 class MemoryChangeInline(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.TabularInline):

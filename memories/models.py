@@ -152,7 +152,7 @@ class MemoryChange(models.Model):
     before = models.JSONField(default=dict, blank=True)
     after = models.JSONField(default=dict, blank=True)
     # Who made the change, as text that survives the actor's deletion
-    # ("user:maria", "token:ks_ab12cd", "introspection_run:12", "kin:4 turn event:345").
+    # ("user:maria", "token:ks_ab12cd", "introspection_run:12", "kin:4 turn:17": kinsite.actors).
     actor = models.CharField(max_length=200)
     actor_user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

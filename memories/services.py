@@ -7,7 +7,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from kinsite.actors import Actor  # re-exported: memories.services.Actor is what callers import
+from kinsite.actors import Actor, writer_ref_check  # Actor re-exported: memories.services.Actor is what callers import
 from kinsite.errors import Conflict
 from kinsite.models import Kin, Team
 from memories.embeddings import Embedding, memory_embed
@@ -85,7 +85,7 @@ def memory_add(
             subject=subject,
             importance=importance,
             source=source,
-            source_ref=source_ref[:200],
+            source_ref=writer_ref_check(source_ref),
             embedding_model=embedding.model if embedding else "",
         )
         if embedding is not None:

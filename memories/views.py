@@ -10,6 +10,7 @@ from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
+from kinsite.actors import user_ref
 from kinsite.selectors import kin_get
 from kinsite.views import render_partial_or_page, team_required, wants_partial
 from memories import search, selectors, services
@@ -33,7 +34,7 @@ class MemoryAddForm(MemoryForm):
 
 
 def _actor(request) -> services.Actor:
-    return services.Actor(label=f"user:{request.user.get_username()}", user=request.user)
+    return services.Actor(label=user_ref(request.user), user=request.user)
 
 
 def _kin_and_memory(request, kin_id: int, memory_id: int):
@@ -103,7 +104,7 @@ def memory_add(request, kin_id: int):
             subject=data["subject"],
             importance=data["importance"],
             source=Memory.Source.DASHBOARD,
-            source_ref=f"user:{request.user.get_username()}",
+            source_ref=user_ref(request.user),
             actor=_actor(request),
         )
         outcome = "added" if result.created else "merged"

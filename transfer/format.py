@@ -39,8 +39,17 @@ Left out, because they belong to the installation rather than to the kin:
   as its text), the LLM call log, introspection and compaction runs, consolidation runs
   that were not applied, activity and admin audit: they describe the source installation's
   operation, not the kin. Ids of those inside an event's data ("run",
-  "introspection_run_id") are exported as null. Texts that name a writer ("source_ref",
-  "actor", "event:345") are kept verbatim: they name rows of the source installation.
+  "introspection_run_id") are exported as null.
+
+Texts that name a writer (a memory's or a fact's "source_ref", a memory change's "actor",
+in the format of kinsite.actors) and the "kin" and "superseded_by" of a memory change's
+before/after snapshots name rows by id too. The import rewrites those the document carries:
+the kin ("kin:4" and a snapshot's "kin": 4 become the new kin's id), its memories, and
+with sessions its messages ("event:345") and turns ("turn:17"). The rest ("token:ks_ab12",
+"user:maria", "introspection_run:12") name the source installation and are kept verbatim.
+Documents written before the one writer format may carry a memory's source_ref as the bare
+token prefix (source "api") or "create_demo"; they are read as "token:<prefix>" and
+"command:create_demo".
 
 A turn still pending or running in the document is imported as failed (its error says
 why), so the importing installation never runs it again.
@@ -53,6 +62,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
@@ -60,8 +70,10 @@ from django.db import models
 from django.utils.dateparse import parse_date, parse_datetime
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from kinsite.actors import writer_ref_parse
 from kinsite.models import Kin, PromptTemplate
 from kinsite.prompt_templates import template_validate
+from kinsite.services import TOKEN_PREFIX
 from memories.models import Memory, MemoryChange
 from sessions_app.api.serializers import KinSerializer
 from sessions_app.models import Event, Session, Summary, Turn
@@ -151,6 +163,23 @@ EVENT_DATA_REFS = {
 }
 # Ids of rows that are not exported (introspection runs): always null in a document.
 EVENT_DATA_DROPPED = ("run", "introspection_run_id")
+
+
+# A token's stored prefix: TOKEN_PREFIX and the first characters of a URL-safe secret.
+_BARE_TOKEN_PREFIX = re.compile(rf"{TOKEN_PREFIX}[A-Za-z0-9_-]{{1,13}}")
+
+
+def source_ref_current(source: str, text: str) -> str:
+    """A memory's or a fact's source_ref in the one writer format, older shapes read as the
+    module docstring says; ValueError for any other text."""
+    if not text or writer_ref_parse(text) is not None:
+        return text
+    if text == "create_demo":
+        return "command:create_demo"
+    if source == "api" and _BARE_TOKEN_PREFIX.fullmatch(text):
+        return f"token:{text}"
+    raise ValueError("must be empty or '<kind>:<value>' (token:, user:, event:, introspection_run:, "
+                     "consolidation_run:, command:)")
 
 
 def document_digest(document: dict) -> str:
@@ -342,6 +371,11 @@ def _section_rows(errors: _Errors, section: Section, rows) -> dict[int, dict]:
         if section.key == "prompt_templates" and kind_known:
             for problem in template_validate(row["kind"], row["body"]):
                 errors.add(f"{path}.body", problem)
+        if section.key in ("memories", "facts") and isinstance(row["source_ref"], str):
+            try:
+                source_ref_current(row["source"], row["source_ref"])
+            except ValueError as exc:
+                errors.add(f"{path}.source_ref", str(exc))
         if section.key == "events" and isinstance(row["data"], dict):
             _event_data_shape_errors(errors, f"{path}.data", row["data"])
     return by_id

@@ -4,6 +4,7 @@ answers the kin it made the first time."""
 from __future__ import annotations
 
 import logging
+import re
 from typing import NamedTuple
 
 from django.db import IntegrityError, models, transaction
@@ -24,6 +25,7 @@ from transfer.format import (
     document_errors,
     kin_editable,
     python_value,
+    source_ref_current,
 )
 from transfer.models import KinImport
 
@@ -135,6 +137,7 @@ def _write(*, team: Team, document: dict) -> Kin:
     for section in SECTIONS:
         _fill_in_later_references(section, written[section.key], new_ids)
     _rewrite_event_data(written["events"], new_ids)
+    _rewrite_session_refs(written, new_ids)
     return kin
 
 
@@ -152,12 +155,65 @@ def _new_row(section: Section, row: dict, *, kin: Kin, new_ids: dict[str, dict[i
         values[f"{name}_id"] = new_ids[target][old] if old is not None and target in new_ids else None
     for name, target in section.id_lists.items():
         values[name] = [new_ids[target][old] for old in row[name]]
+    if section.key in ("memories", "facts"):
+        values["source_ref"] = _kin_ref_rewritten(source_ref_current(values["source"], values["source_ref"]), kin)
+    if section.key == "memory_changes":
+        values["actor"] = _kin_ref_rewritten(values["actor"], kin)
+        values["before"] = _snapshot_rewritten(values["before"], kin=kin, memory_ids=new_ids["memories"])
+        values["after"] = _snapshot_rewritten(values["after"], kin=kin, memory_ids=new_ids["memories"])
     if section.key == "turns" and values["status"] in IN_FLIGHT_TURN:
         # A turn in flight at export time must not become work here: the sweeps would run a
         # pending turn again (a model call) in the importing installation.
         values.update(status=Turn.Status.FAILED, error=IN_FLIGHT_ERROR,
                       finished_at=values["finished_at"] or values["started_at"] or values["created_at"])
     return model(**values)
+
+
+# "kin:4", "event:345", "turn:17" inside a writer text (an actor may name two: "kin:4 turn:17").
+_ROW_REF = re.compile(r"\b(kin|event|turn):(\d+)\b")
+_ROW_REF_SECTIONS = {"event": "events", "turn": "turns"}
+
+
+def _kin_ref_rewritten(text: str, kin: Kin) -> str:
+    """`text` naming the new kin where it named the document's. Only a kin's own rows name
+    a kin, so any kin:<id> in them is this one (its id in the source installation)."""
+    return _ROW_REF.sub(lambda m: f"kin:{kin.pk}" if m.group(1) == "kin" else m.group(0), text)
+
+
+def _snapshot_rewritten(snapshot: dict, *, kin: Kin, memory_ids: dict[int, int]) -> dict:
+    """A change's before/after with its kin and superseded_by as the new ids (a shared
+    memory's kin is null and stays so; a memory the document does not carry keeps its id)."""
+    snapshot = dict(snapshot)
+    if isinstance(snapshot.get("kin"), int):
+        snapshot["kin"] = kin.pk
+    if snapshot.get("superseded_by") in memory_ids:
+        snapshot["superseded_by"] = memory_ids[snapshot["superseded_by"]]
+    return snapshot
+
+
+def _rewrite_session_refs(written: dict[str, list[tuple[dict, models.Model]]],
+                          new_ids: dict[str, dict[int, int]]) -> None:
+    """Writer texts naming a message or a turn the document carries ("event:345" on a memory a
+    turn wrote, "kin:4 turn:17" on its change) name the new row; written after the sessions."""
+    if not new_ids["events"] and not new_ids["turns"]:
+        return
+
+    def rewritten(text: str) -> str:
+        def one(match: re.Match) -> str:
+            ids = new_ids.get(_ROW_REF_SECTIONS.get(match.group(1), ""), {})
+            old = int(match.group(2))
+            return f"{match.group(1)}:{ids[old]}" if old in ids else match.group(0)
+        return _ROW_REF.sub(one, text)
+
+    for model, key, name in ((Memory, "memories", "source_ref"), (Fact, "facts", "source_ref"),
+                             (MemoryChange, "memory_changes", "actor")):
+        changed = []
+        for _row, obj in written[key]:
+            text = rewritten(getattr(obj, name))
+            if text != getattr(obj, name):
+                setattr(obj, name, text[:200])
+                changed.append(obj)
+        model.objects.bulk_update(changed, [name], batch_size=BATCH_SIZE)
 
 
 def _fill_in_later_references(section: Section, pairs: list[tuple[dict, models.Model]],

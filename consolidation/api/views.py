@@ -24,6 +24,7 @@ from consolidation.api.serializers import (
     FactSerializer,
 )
 from consolidation.models import ConsolidationRun, Fact
+from kinsite.actors import token_ref
 from kinsite.api.auth import request_team
 from kinsite.api.errors import error_body
 from kinsite.api.pagination import DefaultCursorPagination
@@ -77,7 +78,7 @@ class KinFactListView(ListAPIView):
             statement=serializer.validated_data["statement"],
             category=serializer.validated_data["category"],
             source=Fact.Source.API,
-            source_ref=f"token:{request.user.token.prefix}",
+            source_ref=token_ref(request.user.token),
         )
         return Response(FactSerializer(fact).data, status=status.HTTP_201_CREATED)
 

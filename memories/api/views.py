@@ -7,6 +7,7 @@ from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kinsite.actors import token_ref
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
 from kinsite.selectors import kin_get, kin_ref
@@ -32,7 +33,7 @@ class NewestFirstCursorPagination(DefaultCursorPagination):
 
 def _actor(request) -> services.Actor:
     token = request.user.token
-    return services.Actor(label=f"token:{token.prefix}", user=token.user)
+    return services.Actor(label=token_ref(token), user=token.user)
 
 
 LIST_PARAMETERS = [
@@ -100,7 +101,7 @@ class KinMemoryListView(ListAPIView):
             subject=data["subject"],
             importance=data["importance"],
             source=Memory.Source.API,
-            source_ref=token.prefix,
+            source_ref=token_ref(token),
             reason=data["reason"],
             actor=_actor(request),
         )

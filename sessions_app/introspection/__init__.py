@@ -31,6 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from consolidation.services import fact_record
+from kinsite.actors import writer_ref
 from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict
 from kinsite.jobs import (
@@ -507,8 +508,8 @@ def _introspection_converse(*, run: IntrospectionRun, session: Session, prompt: 
 def _tool_context(*, run: IntrospectionRun, kin: Kin) -> ToolContext:
     """Who the run's tools act as, staging and applying alike."""
     return ToolContext(
-        team=kin.team, kin=kin, actor=Actor(label=f"introspection_run:{run.pk}"),
-        source=Memory.Source.INTROSPECTION, source_ref=f"introspection_run:{run.pk}",
+        team=kin.team, kin=kin, actor=Actor(label=writer_ref("introspection_run", run.pk)),
+        source=Memory.Source.INTROSPECTION, source_ref=writer_ref("introspection_run", run.pk),
     )
 
 
@@ -585,7 +586,7 @@ def _record_facts(*, kin: Kin, run: IntrospectionRun, touched: list[dict[str, An
     for memory_id in changed:
         memory = memories[memory_id]
         fact_record(kin=kin, statement=memory.content, category=memory.category,
-                    source="introspection", source_ref=f"introspection_run:{run.pk}", memory=memory)
+                    source="introspection", source_ref=writer_ref("introspection_run", run.pk), memory=memory)
 
 
 def _summary(touched: list[dict[str, Any]], fields: dict[str, str], note: str) -> str:

@@ -35,6 +35,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerUnreachable
 
+from kinsite.actors import writer_ref
 from kinsite.errors import Conflict, ServiceUnavailable, UpstreamError
 from kinsite.jobs import REDIS_OUTAGES, JobKind, Recovered, job_claim, job_send, jobs_recover_stalled, jobs_requeue
 from kinsite.llm.gateway import llm_chat
@@ -532,7 +533,7 @@ def _turn_converse(*, turn: Turn, session: Session, message: Event, lock: Sessio
     schemas = [tool.schema for tool in tools.values()]
     tool_context = ToolContext(
         team=kin.team, kin=kin, actor=Actor(label=f"kin:{kin.pk} turn:{turn.pk}"),
-        source=Memory.Source.TURN, source_ref=f"event:{message.pk}",
+        source=Memory.Source.TURN, source_ref=writer_ref("event", message.pk),
     )
     max_calls = settings.KIN_MAX_TOOL_CALLS
     capped = max_calls <= 0

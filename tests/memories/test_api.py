@@ -80,7 +80,7 @@ def test_post_adds_a_memory_for_the_kin(api_client, kin, token, user):
         "Maria",
         7,
     )
-    assert (memory.source, memory.source_ref) == ("api", token.prefix)
+    assert (memory.source, memory.source_ref) == ("api", f"token:{token.prefix}")
     change = memory.changes.get()
     assert change.action == "add"
     assert change.actor == f"token:{token.prefix}"

@@ -22,6 +22,7 @@ from django.urls import reverse
 
 from consolidation.models import ConsolidationRun, Fact
 from consolidation.services import consolidation_run, fact_record
+from kinsite.actors import writer_ref
 from kinsite.models import ApiToken, Kin, Team
 from kinsite.services import api_token_issue, api_token_revoke, demo_user_ensure, membership_ensure, team_create
 from memories.models import Memory
@@ -194,8 +195,8 @@ class Command(BaseCommand):
             if not Memory.objects.filter(team=team, kin=kin, content=content).exists():
                 memory_add(
                     team=team, kin=kin, content=content, category=category, subject=subject,
-                    importance=importance, source=Memory.Source.ADMIN, source_ref="create_demo",
-                    actor=Actor(label="command:create_demo"),
+                    importance=importance, source=Memory.Source.ADMIN, source_ref=writer_ref("command", "create_demo"),
+                    actor=Actor(label=writer_ref("command", "create_demo")),
                 )
         session = Session.objects.filter(kin=kin, title=DEMO_SESSION_TITLE).first()
         if session is None:
@@ -229,7 +230,7 @@ def _facts_and_experience_ensure(*, kin: Kin, session: Session) -> None:
     def record(facts):
         return [
             fact_record(kin=kin, statement=statement, category=category, source=Fact.Source.TOOL,
-                        source_ref=f"event:{message_ids[external_id]}" if external_id in message_ids else "")
+                        source_ref=writer_ref("event", message_ids[external_id]) if external_id in message_ids else "")
             for external_id, category, statement in facts
         ]
 
