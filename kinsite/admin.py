@@ -23,6 +23,7 @@ from kinsite.prompt_templates import (
     template_previewer,
     template_validate,
 )
+from kinsite.selectors import team_for_user
 from kinsite.services import api_token_issue, api_token_revoke
 
 
@@ -146,6 +147,7 @@ class PromptTemplateForm(forms.ModelForm):
         field_classes = {"kin": KinChoiceField}
         widgets = {"body": forms.Textarea(attrs={"rows": 30, "cols": 110, "style": "font-family: monospace"})}
         help_texts = {
+            "team": "Empty: the chosen kin's team.",
             "kin": "Empty: the team's template, used by every kin of the team without its own.",
             "body": "Placeholders are names in braces, e.g. {kin_name}; the ones each kind allows are listed "
                     "below. Write {{ and }} for literal braces; in a consolidation template any brace that is "
@@ -155,6 +157,8 @@ class PromptTemplateForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if "team" in self.fields:
+            self.fields["team"].required = False  # taken from the kin when left empty (clean)
         if "kin" in self.fields:
             self.fields["kin"].queryset = self.fields["kin"].queryset.select_related("team")
             if self.instance.pk:
@@ -163,6 +167,11 @@ class PromptTemplateForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         team, kin, kind, body = (cleaned.get(name) for name in ("team", "kin", "kind", "body"))
+        if team is None and "team" not in self.errors:
+            if kin is not None:
+                team = cleaned["team"] = kin.team  # a kin's template belongs to the kin's team
+            elif "kin" not in self.errors:
+                self.add_error("team", "Choose a team, or a kin to take the team from.")
         if kind and body is not None:
             for error in template_validate(kind, body):
                 self.add_error("body", error)
@@ -331,6 +340,12 @@ class PromptTemplateAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     def get_changeform_initial_data(self, request):
         # ?kind=consolidation starts the body from that kind's built-in default.
         initial = super().get_changeform_initial_data(request)
+        if "team" not in initial:
+            # The user's team, as the dashboard picks it (first membership); none for a
+            # superuser in no team.
+            team = team_for_user(user=request.user)
+            if team is not None:
+                initial["team"] = team.pk
         if initial.get("kind") in KINDS and "body" not in initial:
             initial["body"] = template_default(initial["kind"])
         return initial
