@@ -30,7 +30,7 @@ class MemoryChangeInline(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.Tabular
 
 @admin.register(Memory)
 class MemoryAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
-    # Fits a 1280 px window beside the admin's navigation and the filters (issue 26): long text
+    # Fits a 1280 px window beside the admin's navigation and the filters: long text
     # is cut short, and Django renders foreign key columns unwrapped, so the kin is a plain
     # (cut) text column. Team, category, source, importance and source reference are on the
     # memory's page (and the first three in the filters), not in the list; a long word breaks
