@@ -70,7 +70,7 @@ from django.db import models
 from django.utils.dateparse import parse_date, parse_datetime
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
-from kinsite.actors import writer_ref_parse
+from kinsite.actors import WRITER_KINDS, writer_ref_parse
 from kinsite.models import Kin, PromptTemplate
 from kinsite.prompt_templates import template_validate
 from kinsite.services import TOKEN_PREFIX
@@ -178,8 +178,7 @@ def source_ref_current(source: str, text: str) -> str:
         return "command:create_demo"
     if source == "api" and _BARE_TOKEN_PREFIX.fullmatch(text):
         return f"token:{text}"
-    raise ValueError("must be empty or '<kind>:<value>' (token:, user:, event:, introspection_run:, "
-                     "consolidation_run:, command:)")
+    raise ValueError(f"must be empty or '<kind>:<value>' with a kind of {', '.join(WRITER_KINDS)}")
 
 
 def document_digest(document: dict) -> str:
