@@ -4,6 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from consolidation import views as consolidation_views
+from erasure import views as erasure_views
 from kinsite import views
 from memories import views as memory_views
 from sessions_app import views as session_views
@@ -58,6 +59,7 @@ pages = [
     path("model-calls/<int:model_call_id>/", views.model_call_detail, name="model_call_detail"),
     path("help/model/", views.model_help, name="model_help"),
     path("tokens/", views.token_list, name="tokens"),
+    path("erasures/", erasure_views.erasure_page, name="erasures"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
 ]
 

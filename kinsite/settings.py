@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "workflows",
     "agent_mcp",
     "transfer",
+    "erasure",
 ]
 
 MIDDLEWARE = [

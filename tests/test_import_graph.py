@@ -5,7 +5,7 @@ apps' layers and the siblings of each package acyclic; this looks at single modu
 the whole project, composition modules included, and at a package and its own children."""
 import grimp
 
-PACKAGES = ("kinsite", "memories", "consolidation", "workflows", "sessions_app", "agent_mcp", "transfer")
+PACKAGES = ("kinsite", "memories", "consolidation", "workflows", "sessions_app", "agent_mcp", "transfer", "erasure")
 
 
 def _graph() -> dict[str, set[str]]:

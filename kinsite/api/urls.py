@@ -20,4 +20,5 @@ urlpatterns = [
     path("", include("memories.api.urls")),
     path("", include("consolidation.api.urls")),
     path("", include("workflows.api.urls")),
+    path("", include("erasure.api.urls")),
 ]

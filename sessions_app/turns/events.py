@@ -111,6 +111,20 @@ async def turn_events_aread(turn: Turn, *, after: str | None, timeout: float) ->
         await asyncio.sleep(MEMORY_POLL_SECONDS)
 
 
+def turn_events_forget(turn: Turn) -> None:
+    """Drop the turn's stream now (an erasure: its deltas hold the reply's text). Followers
+    then read the turn's outcome from the stored turn. Logged, never raised: the stream
+    expires by itself after RETAIN_SECONDS."""
+    if not settings.REDIS_URL:
+        _memory.forget(turn_stream(turn))
+        return
+    try:
+        _redis_client(settings.REDIS_URL).delete(_key(turn_stream(turn)))
+    except Exception:
+        logger.warning("Turn %s: its event stream was not dropped; it expires within %d s",
+                       turn.pk, RETAIN_SECONDS, exc_info=True)
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -257,6 +271,11 @@ class _MemoryStore:
                 if events or remaining <= 0:
                     return list(events)
                 self._changed.wait(remaining)
+
+    def forget(self, stream: str) -> None:
+        with self._changed:
+            self._turns.pop(stream, None)
+            self._touched.pop(stream, None)
 
     def clear(self) -> None:
         with self._changed:
