@@ -209,7 +209,8 @@ def erasure_plan(*, team: Team, kin: Kin | None, person: Person) -> ErasurePlan:
     runs = (IntrospectionRun.objects.filter(session__in=sessions).annotate(**_as_text("tool_calls"))
             .filter(_text_filter(person, "summary", "error", json_fields=("tool_calls",))))
     for run in runs.order_by("id"):
-        if any(person.mentioned_in(text) for text in (run.summary, run.error)) or person.mentioned_in_value(run.tool_calls):
+        if (any(person.mentioned_in(text) for text in (run.summary, run.error))
+                or person.mentioned_in_value(run.tool_calls)):
             plan.add("introspection_runs", run, REDACT, run.summary or run.error)
     compactions = CompactionRun.objects.filter(session__in=sessions).filter(_text_filter(person, "error"))
     for run in compactions.order_by("id"):
