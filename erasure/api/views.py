@@ -48,7 +48,10 @@ class ErasureListView(ListAPIView):
         _require_eraser(self.request)
         return selectors.erasure_list(team=request_team(self.request))
 
-    @extend_schema(summary="The team's erasure receipts, newest first")
+    @extend_schema(summary="The team's erasure receipts, newest first", responses={
+        200: ErasureSerializer(many=True),
+        403: OpenApiResponse(description="The token's user is not an owner or admin of its team."),
+    })
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
@@ -62,7 +65,13 @@ class ErasureListView(ListAPIView):
             "on what would go."
         ),
         request=ErasureRequestSerializer,
-        responses={201: ErasureSerializer, 200: OpenApiResponse(ErasureDryRunSerializer, description="A dry run.")},
+        responses={
+            201: ErasureSerializer,
+            200: OpenApiResponse(ErasureDryRunSerializer, description="A dry run."),
+            403: OpenApiResponse(description="The token's user is not an owner or admin of its team."),
+            404: OpenApiResponse(description="kin_id names no kin of the token's team."),
+            409: OpenApiResponse(description="Jobs are running on what would go (details.running names them)."),
+        },
     )
     def post(self, request):
         _require_eraser(request)
@@ -86,6 +95,9 @@ class ErasureDetailView(RetrieveAPIView):
         _require_eraser(self.request)
         return selectors.erasure_get(team=request_team(self.request), erasure_id=self.kwargs["erasure_id"])
 
-    @extend_schema(summary="One erasure receipt")
+    @extend_schema(summary="One erasure receipt", responses={
+        200: ErasureSerializer,
+        403: OpenApiResponse(description="The token's user is not an owner or admin of its team."),
+    })
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
