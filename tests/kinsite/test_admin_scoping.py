@@ -11,6 +11,7 @@ from django.forms import ModelChoiceField
 from django.urls import reverse
 from django.utils import timezone
 
+from erasure.models import Erasure
 from kinsite.admin_mixins import team_path
 from kinsite.models import PromptTemplate
 from memories.models import EmbeddingRun, MemoryTermCount, MemoryVector, MemoryVectorScope
@@ -56,6 +57,8 @@ def seed_everything(team, *, secret, user):
     NodeRunFactory(run__workflow=seeded.workflow, node=seeded.node)
     MemoryVector.objects.create(memory=seeded.memory, vector=b"\x00\x00\x80\x3f" * 4)
     KinImport.objects.create(team=team, kin=seeded.kin, digest=secret.ljust(64, "0"), format_version=1)
+    Erasure.objects.create(team=team, kin=seeded.kin, sender=f"Person {secret}", actor=f"user:{user.username}",
+                           actor_user=user)
     return seeded
 
 
