@@ -93,7 +93,8 @@ class Kin(models.Model):
     # A sub-kin names the kin that spawned it and why.
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
     spawn_reason = models.TextField(blank=True)
-    # Per-kin overrides of settings such as INTROSPECTION (later issues read it).
+    # Per-kin overrides of settings such as INTROSPECTION; the sections, their bounds and the
+    # size cap are sessions_app.overrides' (checked where a kin is saved).
     overrides = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -27,7 +27,7 @@ class KinAdminForm(forms.ModelForm):
         overrides = self.cleaned_data.get("overrides")
         if overrides is None:
             return {}  # an emptied box: no overrides (the column is not nullable)
-        errors = overrides_errors(overrides)
+        errors = overrides_errors(overrides, stored=self.instance.overrides if self.instance.pk else None)
         if errors:
             raise forms.ValidationError(errors)
         return overrides

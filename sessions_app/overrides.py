@@ -1,6 +1,8 @@
 """What a kin may set for itself, and the allowed range of each: checked where a kin is
-saved (the API's KinSerializer, the admin's kin form), so a value the code reads later
-(introspection_settings) is never one that would run away (10**12 tool calls)."""
+saved (the API's KinSerializer, which the dashboard's form and the kin import run, and the
+admin's kin form), so a value the code reads later (introspection_settings) is never one
+that would run away (10**12 tool calls), and a kin's row stays small (every kin list carries it)."""
+import json
 from dataclasses import dataclass
 
 
@@ -34,9 +36,13 @@ class OptionalText:
 # The history budget of a kin (Kin.history_token_budget; empty: HISTORY_TOKEN_BUDGET).
 HISTORY_TOKEN_BUDGET_RANGE = IntegerRange(1_000, 2_000_000)
 
-# The sections of Kin.overrides the code reads, each key with its rule. Other top-level keys
-# are kept as given (free-form notes); unknown keys inside a known section are refused,
-# since a misspelt setting would otherwise be silently ignored.
+# Kin.overrides as compact JSON (UTF-8), at most: every setting at its largest is a few
+# hundred bytes, and the field is part of every kin in GET /kins/.
+OVERRIDES_MAX_BYTES = 4_096
+
+# The sections of Kin.overrides, each key with its rule. Unknown sections and unknown keys
+# inside a section are refused, since a misspelt setting would otherwise be silently ignored
+# (and free-form keys made the field unbounded).
 OVERRIDE_RULES = {
     "introspection": {
         "enabled": Boolean(),
@@ -48,12 +54,27 @@ OVERRIDE_RULES = {
 }
 
 
-def overrides_errors(overrides) -> list[str]:
+def overrides_errors(overrides, *, stored=None) -> list[str]:
     """What is wrong with a kin's overrides, one message per problem naming its path
-    ("introspection.max_tool_calls: must be ..."); empty when they are fine."""
+    ("introspection.max_tool_calls: must be ..."); empty when they are fine.
+
+    `stored` is what the kin holds now (None for a new kin). Before sections were checked,
+    any top-level key was stored as given; such a key may stay, with exactly its stored
+    value, so saving an old kin (the dashboard's form keeps the keys it does not show)
+    neither fails nor drops it. Adding or changing one is refused. The size cap holds
+    whatever the keys."""
     if not isinstance(overrides, dict):
         return ["must be a JSON object"]
+    size = _compact_size(overrides)
+    if size is None or size > OVERRIDES_MAX_BYTES:
+        # Checked first and alone: 50,000 unknown keys make one message, not 50,000.
+        found = "nested too deeply" if size is None else f"not {size:,}"
+        return [f"must be at most {OVERRIDES_MAX_BYTES:,} bytes as compact JSON (OVERRIDES_MAX_BYTES), {found}"]
+    stored = stored if isinstance(stored, dict) else {}
     errors = []
+    for section, values in overrides.items():
+        if section not in OVERRIDE_RULES and not _same_json(values, stored.get(section, _MISSING)):
+            errors.append(f"{section}: unknown section; the sections are {', '.join(OVERRIDE_RULES)}")
     for section, rules in OVERRIDE_RULES.items():
         if section not in overrides:
             continue
@@ -68,3 +89,23 @@ def overrides_errors(overrides) -> list[str]:
             elif (problem := rule.error(value)) is not None:
                 errors.append(f"{section}.{key}: {problem}")
     return errors
+
+
+_MISSING = object()
+
+
+def _compact_size(value) -> int | None:
+    """Bytes of `value` as compact UTF-8 JSON; None when it is nested too deeply to write
+    (then it is far past the cap anyway)."""
+    try:
+        return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    except RecursionError:
+        return None
+
+
+def _same_json(value, stored) -> bool:
+    # As JSON, not as Python values: 1 == 1.0 == True in Python, but a client that turned
+    # a stored 1 into true has changed it.
+    if stored is _MISSING:
+        return False
+    return json.dumps(value, sort_keys=True) == json.dumps(stored, sort_keys=True)

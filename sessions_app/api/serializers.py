@@ -7,13 +7,19 @@ from kinsite.models import Kin
 from kinsite.prompt_safety import one_line_problem
 from sessions_app.introspection.tools import DESCRIPTION_MAX_CHARS
 from sessions_app.models import Event, IntrospectionRun, Session, Summary, Turn
-from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, overrides_errors
+from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, OVERRIDE_RULES, OVERRIDES_MAX_BYTES, overrides_errors
 from workflows.models import Workflow
 
 # Identity texts go into every prompt of the kin: generous, but bounded (the model's
 # TextFields are not).
 KIN_TEXT_MAX_CHARS = 10_000
 SENDER_MAX_CHARS = Event._meta.get_field("sender").max_length
+OVERRIDES_HELP = (
+    f"Per-kin settings, by section ({', '.join(OVERRIDE_RULES)}), "
+    'e.g. {"introspection": {"turn_interval": 3}}. '
+    f"At most {OVERRIDES_MAX_BYTES:,} bytes as compact JSON; an unknown section is refused, except one the kin "
+    "already holds, kept with its stored value."
+)
 
 
 def _one_line(value: str) -> None:
@@ -54,7 +60,7 @@ class KinSerializer(serializers.ModelSerializer):
         # One line each: a line break in a name could start a line of its own where a person
         # reads it (the prompt collapses them anyway, but the stored text should not need it).
         extra_kwargs = {"name": {"validators": [_one_line]}, "role": {"validators": [_one_line]},
-                        "model": {"validators": [_one_line]}}
+                        "model": {"validators": [_one_line]}, "overrides": {"help_text": OVERRIDES_HELP}}
 
     def __init__(self, *args, team=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -68,7 +74,7 @@ class KinSerializer(serializers.ModelSerializer):
         return value.strip()
 
     def validate_overrides(self, value):
-        errors = overrides_errors(value)
+        errors = overrides_errors(value, stored=self.instance.overrides if self.instance is not None else None)
         if errors:
             raise serializers.ValidationError(errors)
         return value

@@ -138,6 +138,20 @@ def test_edit_form_is_prefilled_and_saving_keeps_other_override_keys(admin, team
     assert kin.overrides == {"introspection": {"enabled": True, "idle_timeout_minutes": 30}, "notes": "keep me"}
 
 
+def test_editing_a_kin_whose_stored_overrides_exceed_the_cap_shows_the_cap_and_saves_nothing(admin, team):
+    stored = {"introspection": {"turn_interval": 7}, "notes": "x" * 5_000}
+    kin = KinFactory(team=team, name="Ada", overrides=stored)
+
+    response = admin.post(reverse("dashboard:kin_edit", args=[kin.pk]),
+                          {**VALID_KIN, "name": "Bea", "introspection__turn_interval": "3"})
+
+    assert response.status_code == 400
+    assert any("OVERRIDES_MAX_BYTES" in error for error in response.context["form"].non_field_errors())
+    assert "Nothing was saved" in response.content.decode()
+    kin.refresh_from_db()
+    assert (kin.name, kin.overrides) == ("Ada", stored)
+
+
 def test_invalid_edit_changes_nothing(admin, team):
     kin = KinFactory(team=team, name="Ada", role="Helper")
     response = admin.post(reverse("dashboard:kin_edit", args=[kin.pk]),

@@ -28,7 +28,7 @@ def _all_pages(client, url):
 def test_create_kin_stores_it_for_the_callers_team(api_client, team):
     response = api_client.post(
         KINS,
-        {"name": "  Ada  ", "role": "Analyst", "expertise": "SQL", "overrides": {"INTROSPECTION": False}},
+        {"name": "  Ada  ", "role": "Analyst", "expertise": "SQL", "overrides": {"introspection": {"enabled": False}}},
         format="json",
     )
 
@@ -38,7 +38,7 @@ def test_create_kin_stores_it_for_the_callers_team(api_client, team):
     assert kin.team == team
     assert kin.name == body["name"] == "Ada"
     assert body["role"] == "Analyst" and body["expertise"] == "SQL"
-    assert body["overrides"] == {"INTROSPECTION": False}
+    assert body["overrides"] == {"introspection": {"enabled": False}}
     assert body["parent"] is None and body["history_token_budget"] is None
 
 

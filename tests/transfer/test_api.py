@@ -91,9 +91,13 @@ def _truncated(document) -> str:
         (lambda d: {k: v for k, v in d.items() if k != "facts"}, "$.facts", "invalid_document"),
         (lambda d: {**d, "memories": d["memories"][:1]}, "memories[0].superseded_by", "invalid_document"),
         (lambda d: [], "$", "invalid_document"),
+        (lambda d: {**d, "kin": {**d["kin"], "overrides": {"tone": "cheerful"}}}, "kin.overrides",
+         "invalid_document"),
+        (lambda d: {**d, "kin": {**d["kin"], "overrides": {f"k{n}": n for n in range(50_000)}}}, "kin.overrides",
+         "invalid_document"),
     ],
     ids=["cut-in-half", "wrong-version", "other-format", "other-format-shape", "missing-key", "dangling-ref",
-         "not-an-object"],
+         "not-an-object", "unknown-override-section", "oversized-overrides"],
 )
 def test_a_bad_document_answers_400_and_changes_nothing(api_client, full_kin, mangle, path, code):
     document = export(api_client, full_kin, "?sessions=1")

@@ -66,6 +66,17 @@ def test_the_kin_follows_the_apis_rules(document):
     assert set(paths(document)) == {"kin.name", "kin.overrides"}
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"notes": "kept by the source"}, "notes: unknown section"),
+    ({"introspection": {"model": "m" * 5_000}}, "OVERRIDES_MAX_BYTES"),
+    ({f"k{n}": n for n in range(50_000)}, "OVERRIDES_MAX_BYTES"),
+], ids=["unknown-section", "oversized", "many-keys"])
+def test_the_kins_overrides_follow_the_apis_rules(document, overrides, message):
+    document["kin"]["overrides"] = overrides
+    [error] = document_errors(document)
+    assert error["path"] == "kin.overrides" and message in error["message"], error
+
+
 def test_a_template_with_an_unknown_placeholder_is_refused(document):
     document["prompt_templates"][0]["body"] = "Hello {__class__}"
     assert paths(document) == ["prompt_templates[0].body"]

@@ -8,7 +8,7 @@ from rest_framework.views import APIView
 
 from kinsite.api.auth import request_team
 from kinsite.selectors import kin_get
-from sessions_app.api.serializers import KinSerializer
+from sessions_app.api.serializers import OVERRIDES_HELP, KinSerializer
 from transfer import format as kin_format
 from transfer.parsing import KinDocumentParser
 from transfer.selectors import kin_export_document
@@ -27,7 +27,7 @@ KIN_DOCUMENT_KIN = inline_serializer(
         "model": serializers.CharField(max_length=200, allow_blank=True),
         "history_token_budget": serializers.IntegerField(min_value=1_000, max_value=2_000_000, allow_null=True),
         "spawn_reason": serializers.CharField(max_length=10_000, allow_blank=True),
-        "overrides": serializers.DictField(),
+        "overrides": serializers.DictField(help_text=OVERRIDES_HELP),
         "created_at": serializers.DateTimeField(),
         "updated_at": serializers.DateTimeField(),
     },
