@@ -7,6 +7,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from erasure import selectors, services
+from erasure.api.views import FOUND_SHOWN
 from erasure.matching import Person
 from kinsite.actors import user_ref
 from kinsite.errors import KinsiteError
@@ -61,6 +62,6 @@ def erasure_page(request):
             plan = services.erasure_plan(team=request.team, kin=kin, person=person)
     receipts = list(selectors.erasure_list(team=request.team)[:RECEIPTS_SHOWN])
     shown = request.GET.get("receipt", "")
-    context = {"form": form, "plan": plan, "error": error, "receipts": receipts,
-               "shown_receipt": int(shown) if shown.isdigit() else None}
+    context = {"form": form, "plan": plan, "shown": plan.findings[:FOUND_SHOWN] if plan else [], "error": error,
+               "receipts": receipts, "shown_receipt": int(shown) if shown.isdigit() else None}
     return render(request, "erasure/erasures.html", context, status=status)

@@ -67,6 +67,7 @@ class ErasureDryRunSerializer(serializers.Serializer):
     counts = _store_counts()
     total = serializers.IntegerField()
     items = serializers.DictField(child=serializers.ListField(child=serializers.IntegerField()))
-    found = FindingSerializer(many=True)
+    found = FindingSerializer(many=True, help_text="The first 500 findings, with excerpts.")
+    found_truncated = serializers.BooleanField(help_text="Whether there were more than `found` lists.")
     running = serializers.ListField(child=serializers.CharField(),
                                     help_text="Jobs that would make the erasure wait (409) if it ran now.")

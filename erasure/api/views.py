@@ -16,6 +16,9 @@ from kinsite.api.pagination import DefaultCursorPagination
 from kinsite.api.throttles import TokenRateThrottle
 from kinsite.selectors import kin_get
 
+# A dry run lists at most this many findings with excerpts (counts and items hold them all).
+FOUND_SHOWN = 500
+
 
 class NewestFirstCursorPagination(DefaultCursorPagination):
     ordering = ("-id",)
@@ -32,7 +35,8 @@ def dry_run_body(plan) -> dict:
         "dry_run": True, "sender": plan.person.sender, "subject": plan.person.subject,
         "kin_id": plan.kin.pk if plan.kin else None, "counts": plan.counts,
         "total": len(plan.findings), "items": plan.items,
-        "found": [vars(finding) for finding in plan.findings], "running": plan.busy,
+        "found": [vars(finding) for finding in plan.findings[:FOUND_SHOWN]],
+        "found_truncated": len(plan.findings) > FOUND_SHOWN, "running": plan.busy,
     }
 
 
