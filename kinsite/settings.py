@@ -239,12 +239,15 @@ SPECTACULAR_SETTINGS = {
 # "chat": POST /sessions/{id}/messages/ (sync and ?async=1). "jobs": POST
 # /sessions/{id}/checkpoint/ and POST /kins/{id}/consolidate/. "workflow_runs": POST
 # /workflows/{id}/run/, its own allowance since one run may make thousands of model calls
-# and a busy workflow script must not use up the checkpoints' share. Counted in the cache,
+# and a busy workflow script must not use up the checkpoints' share. "events": GET
+# /turns/{id}/events/, the one read that is limited, since each request holds a stream open
+# (a client reconnecting with Last-Event-ID counts each time). Counted in the cache,
 # so with REDIS_URL every web process shares one window per token.
 API_THROTTLE_RATES = {
     "chat": env_str("API_RATE_CHAT", "60/min"),
     "jobs": env_str("API_RATE_JOBS", "20/min"),
     "workflow_runs": env_str("API_RATE_WORKFLOW_RUNS", "10/min"),
+    "events": env_str("API_RATE_EVENTS", "120/min"),
 }
 
 # --- Kinsite --------------------------------------------------------------------
