@@ -250,6 +250,11 @@ API_THROTTLE_RATES = {
     "events": env_str("API_RATE_EVENTS", "120/min"),
 }
 
+# The production web worker (kinsite/webworker.py): how long a client may take to send its
+# request's head, and at most between two reads of its body, before the connection is
+# closed (408). Bounds what a slow or stalled client holds; uploads that keep moving pass.
+WEB_READ_TIMEOUT_SECONDS = env_float("WEB_READ_TIMEOUT_SECONDS", 10.0)
+
 # --- Kinsite --------------------------------------------------------------------
 # The LLM gateway (SPEC §10). No LLM_BASE_URL: the offline provider answers.
 LLM_BASE_URL = env_str("LLM_BASE_URL", "")
