@@ -21,13 +21,32 @@ The rule, in three renderings:
 
 All three neutralise tag-like text: a "<" that opens a tag (`<events>`, `</memories>`,
 `<|im_start|>`) becomes "&lt;", so stored text can never close or open the tag blocks
-the background prompts put it in, whatever tag names an admin's template uses."""
+the background prompts put it in, whatever tag names an admin's template uses.
+
+Look-alikes count as what they look like. A "<" is any character that Unicode's
+compatibility folding (NFKC) makes "<" (the full-width "＜" and the small "﹤"), and what
+follows it is judged past invisible characters (zero-width spaces and joiners, the BOM,
+soft hyphens, bidi controls, combining marks, control characters) and after that folding,
+so `<U+200B/memories>` and `＜／memories＞` are escaped like `</memories>`; a line is
+checked for a heading marker or a role label in the same folded form (`＃`, `ＳＹＳＴＥＭ：`).
+The folded form is only looked at, never written: the text itself is kept as it was
+(escapes and quote markers added), since folding and stripping would change benign text
+(x² to x2, ① to 1, and the joiners that emoji, Persian and Indic spelling need)."""
 import re
 import unicodedata
 
-# "<" followed (after optional spaces) by what opens or closes a tag or a chat-template
-# token: a letter, "/", "!", "?" or "|". A "<" before a digit or a space ("a < 3") stays.
-_TAG_OPEN = re.compile(r"<(?=\s*[/!?|A-Za-z])")
+# Every character NFKC folds to "<" (tests/kinsite/test_prompt_safety.py checks there are
+# no others). One opens a tag when the next visible character is, folded, a letter (of any
+# script) or one of "/!?|", or a slash NFKC leaves alone (fraction, division, big solidus).
+# Any other "<" stays ("a < 3", "x <= y", "<--", "<@123>").
+LESS_THAN_SIGNS = "<\ufe64\uff1c"
+_LESS_THAN = re.compile(f"[{LESS_THAN_SIGNS}]")
+_TAG_MARKS = "/!?|"
+_SLASH_LIKE = "\u2044\u2215\u29f8"
+# Categories a reader does not see as a character of their own: controls, format
+# characters (zero-width, joiners, BOM, soft hyphen, bidi), unassigned and private use,
+# surrogates, combining marks.
+_INVISIBLE = frozenset({"Cc", "Cf", "Cn", "Co", "Cs", "Mn", "Me"})
 # Whitespace (str.split's notion: every Unicode space and line break, U+2028 and U+2029
 # included) and the C0/C1 control characters that are not whitespace.
 _SPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
@@ -46,16 +65,39 @@ QUOTE = "> "
 ELLIPSIS = "…"
 
 
+def _opens_tag(text: str, start: int) -> bool:
+    # Each "<" looks only as far as the next visible character, so the scan is linear.
+    for index in range(start, len(text)):
+        ch = text[index]
+        if ch.isspace() or unicodedata.category(ch) in _INVISIBLE:
+            continue
+        seen = unicodedata.normalize("NFKC", ch)[0]
+        return seen.isalpha() or seen in _TAG_MARKS or ch in _SLASH_LIKE
+    return False
+
+
 def escape_tags(text: str) -> str:
-    """`text` with every tag-opening "<" written as "&lt;"."""
-    return _TAG_OPEN.sub("&lt;", text) if "<" in text else text
+    """`text` with every tag-opening "<" (or look-alike) written as "&lt;"."""
+    if not _LESS_THAN.search(text):
+        return text
+    return _LESS_THAN.sub(lambda match: "&lt;" if _opens_tag(text, match.end()) else match.group(), text)
+
+
+def folded(text: str) -> str:
+    """`text` as a reader sees it: invisible characters dropped (whitespace and line breaks
+    kept), compatibility forms folded (NFKC). For checks only; what goes in a prompt is the
+    text itself."""
+    if text.isascii():
+        return text
+    visible = "".join(ch for ch in text if ch.isspace() or unicodedata.category(ch) not in _INVISIBLE)
+    return unicodedata.normalize("NFKC", visible)
 
 
 def one_line(text: str, max_chars: int | None = None) -> str:
     """`text` as one line: whitespace and control characters collapsed to single spaces,
     trimmed, tags escaped, cut to `max_chars` (ending in "…") when given."""
     # The common case (a plain name) costs three C-level checks: prompts render hundreds.
-    if not (text.isprintable() and "<" not in text):
+    if not text.isprintable() or _LESS_THAN.search(text):
         text = escape_tags(_SPACE_OR_CONTROL.sub(" ", text))
     text = text.strip()
     if max_chars is not None and len(text) > max_chars:
@@ -82,10 +124,11 @@ def guarded(text: str, *, keep_headings: bool = False) -> str:
     with a role label, or with a heading marker unless `keep_headings`, is quoted. For
     text composed by code around one-line fields (the canvas), and for a document the
     model rewrites in its own format (`keep_headings`: its headings are that format)."""
-    return "\n".join(
-        QUOTE + line if _ROLE_LABEL.match(line) or (not keep_headings and _HEADING.match(line)) else line
-        for line in _lines(text)
-    )
+    def is_marked(line: str) -> bool:
+        line = folded(line)
+        return bool(_ROLE_LABEL.match(line) or (not keep_headings and _HEADING.match(line)))
+
+    return "\n".join(QUOTE + line if is_marked(line) else line for line in _lines(text))
 
 
 def continued(first: str, rest: str, *, indent: str = "  ") -> str:

@@ -240,13 +240,21 @@ SPECTACULAR_SETTINGS = {
 # "chat": POST /sessions/{id}/messages/ (sync and ?async=1). "jobs": POST
 # /sessions/{id}/checkpoint/ and POST /kins/{id}/consolidate/. "workflow_runs": POST
 # /workflows/{id}/run/, its own allowance since one run may make thousands of model calls
-# and a busy workflow script must not use up the checkpoints' share. Counted in the cache,
+# and a busy workflow script must not use up the checkpoints' share. "events": GET
+# /turns/{id}/events/, the one read that is limited, since each request holds a stream open
+# (a client reconnecting with Last-Event-ID counts each time). Counted in the cache,
 # so with REDIS_URL every web process shares one window per token.
 API_THROTTLE_RATES = {
     "chat": env_str("API_RATE_CHAT", "60/min"),
     "jobs": env_str("API_RATE_JOBS", "20/min"),
     "workflow_runs": env_str("API_RATE_WORKFLOW_RUNS", "10/min"),
+    "events": env_str("API_RATE_EVENTS", "120/min"),
 }
+
+# The production web worker (kinsite/webworker.py): how long a client may take to send its
+# request's head, and at most between two reads of its body, before the connection is
+# closed (408). Bounds what a slow or stalled client holds; uploads that keep moving pass.
+WEB_READ_TIMEOUT_SECONDS = env_float("WEB_READ_TIMEOUT_SECONDS", 10.0)
 
 # --- Kinsite --------------------------------------------------------------------
 # The LLM gateway (SPEC §10). No LLM_BASE_URL: the offline provider answers.

@@ -3,9 +3,9 @@ documented on every operation for each error status it can answer."""
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
-from rest_framework.permissions import SAFE_METHODS
 
 from kinsite.api.renderers import EventStreamRenderer
+from kinsite.api.throttles import is_throttled
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -58,7 +58,7 @@ class KinsiteAutoSchema(AutoSchema):
             codes.append("400")
         if any(p["in"] == "path" for p in parameters):
             codes.append("404")
-        if self.method not in SAFE_METHODS and getattr(self.view, "throttle_scope", None):
+        if is_throttled(self.view, self.method):
             codes.append("429")
         for code in codes:
             responses.setdefault(code, {"description": ERROR_DESCRIPTIONS[code]})

@@ -1,8 +1,10 @@
-"""Per-token rate limits for the endpoints that call a model or start a job (SPEC §13).
+"""Per-token rate limits for the endpoints that call a model or start a job (SPEC §13), and
+for the one read that holds a connection open (following a turn's events).
 
 A view opts in with `throttle_classes = [TokenRateThrottle]` and `throttle_scope = "chat"`
-(or "jobs", "workflow_runs"); the scope's rate is `settings.API_THROTTLE_RATES[scope]`
-(API_RATE_CHAT, API_RATE_JOBS, API_RATE_WORKFLOW_RUNS). The bucket is the API token, not the IP
+(or "jobs", "workflow_runs", "events"); the scope's rate is `settings.API_THROTTLE_RATES[scope]`
+(API_RATE_CHAT, API_RATE_JOBS, API_RATE_WORKFLOW_RUNS, API_RATE_EVENTS). Only writes are
+counted unless the view sets `throttle_reads = True`. The bucket is the API token, not the IP
 or the user: one script with one token gets its own allowance, and two tokens of a team do not
 share one.
 
@@ -20,6 +22,15 @@ from rest_framework.permissions import SAFE_METHODS
 from rest_framework.throttling import SimpleRateThrottle
 
 logger = logging.getLogger(__name__)
+
+
+def is_throttled(view, method: str) -> bool:
+    """Whether `method` on `view` counts against a rate: writes of a view with a scope, and
+    its reads too where it says so. Reads are not limited by default because a read shares
+    its view with a limited write (GET /sessions/{id}/messages/ with the chat post)."""
+    if not getattr(view, "throttle_scope", None):
+        return False
+    return method not in SAFE_METHODS or getattr(view, "throttle_reads", False)
 
 
 class TokenRateThrottle(SimpleRateThrottle):
@@ -41,12 +52,9 @@ class TokenRateThrottle(SimpleRateThrottle):
         return settings.API_THROTTLE_RATES.get(self.scope) or None
 
     def allow_request(self, request, view):
-        # Reads are never limited: GET /sessions/{id}/messages/ shares its view with the chat post.
-        if request.method in SAFE_METHODS:
+        if not is_throttled(view, request.method):
             return True
-        self.scope = getattr(view, "throttle_scope", None)
-        if not self.scope:
-            return True
+        self.scope = view.throttle_scope
         self.rate = self.get_rate()
         self.num_requests, self.duration = self.parse_rate(self.rate)
         try:
@@ -80,6 +88,6 @@ def token_throttle_check(*, principal, scope: str) -> None:
     door it uses: the same rates, the same cache key, one window per token."""
     throttle = TokenRateThrottle()
     # The throttle reads only the method and the principal from the request, and only the
-    # scope from the view; a POST, since reads are never limited.
+    # scope from the view; a POST, which every scope counts.
     request = SimpleNamespace(method="POST", user=principal)
     throttle.allow_request(request, SimpleNamespace(throttle_scope=scope))

@@ -252,6 +252,10 @@ class TurnEventsView(EventStreamMixin, APIView):
     # The stream for any client that takes it (no Accept, */*, text/event-stream); JSON is
     # here for the errors, and for the 406 a client asking for JSON only gets.
     renderer_classes = [EventStreamRenderer, JSONRenderer]
+    # A read, limited all the same: each request holds a stream open (API_RATE_EVENTS).
+    throttle_classes = [TokenRateThrottle]
+    throttle_scope = "events"
+    throttle_reads = True
 
     @extend_schema(
         parameters=[OpenApiParameter("Last-Event-ID", str, OpenApiParameter.HEADER, required=False,

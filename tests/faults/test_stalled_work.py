@@ -113,7 +113,7 @@ def start_web(*, port: int, redis_url: str, llm_base_url: str, log_path: Path) -
         LLM_MODEL="fake-model", LLM_MAX_RETRIES="0", LLM_TIMEOUT_SECONDS="30",
     )
     gunicorn = Path(sys.executable).with_name("gunicorn")
-    command = [str(gunicorn), "kinsite.asgi:application", "--worker-class", "uvicorn_worker.UvicornWorker",
+    command = [str(gunicorn), "kinsite.asgi:application", "--worker-class", "kinsite.webworker.KinsiteUvicornWorker",
                "--bind", f"127.0.0.1:{port}", "--workers", "1"]
     with log_path.open("wb") as log:
         return subprocess.Popen(command, cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT,

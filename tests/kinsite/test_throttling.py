@@ -1,6 +1,8 @@
 """Per-token rate limits on the chat and job endpoints (SPEC §13): the N+1th request in a
 window answers 429 in the SPEC §11 shape with Retry-After; other tokens and other
 endpoints are unaffected."""
+from types import SimpleNamespace
+
 import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
@@ -125,6 +127,42 @@ def test_empty_rate_means_no_limit(api_client, chat_session, settings):
 def test_default_rates_come_from_settings():
     from django.conf import settings
 
-    assert set(settings.API_THROTTLE_RATES) == {"chat", "jobs", "workflow_runs"}
+    assert set(settings.API_THROTTLE_RATES) == {"chat", "jobs", "workflow_runs", "events"}
     for rate in settings.API_THROTTLE_RATES.values():
         TokenRateThrottle().parse_rate(rate)  # a valid "N/period"
+
+
+def follow_turn(client, turn):
+    return client.get(f"/api/v1/turns/{turn.pk}/events/", HTTP_ACCEPT="text/event-stream")
+
+
+@pytest.mark.usefixtures("empty_turn_events")
+def test_following_a_turn_over_its_rate_answers_429_and_other_reads_do_not(api_client, team, chat_session,
+                                                                            settings, clock):
+    # A finished turn answers its events at once, so each request is one whole stream.
+    settings.API_THROTTLE_RATES = {"chat": "", "events": "3/min"}
+    turn = chat(api_client, chat_session).json()["turn"]
+    turn = SimpleNamespace(pk=turn["id"])
+    for _ in range(3):
+        response = follow_turn(api_client, turn)
+        assert response.status_code == 200 and response["Content-Type"].startswith("text/event-stream")
+        b"".join(response.streaming_content)
+    assert assert_throttled(follow_turn(api_client, turn), "events", "3/min") == 60
+    # The turn as JSON and the session's messages are reads of their own, not limited.
+    for _ in range(5):
+        assert api_client.get(f"/api/v1/turns/{turn.pk}/").status_code == 200
+        assert api_client.get(f"/api/v1/sessions/{chat_session.pk}/messages/").status_code == 200
+    # Another token has its own allowance; the window passes.
+    assert follow_turn(token_client(team), turn).status_code == 200
+    clock[0] += 61
+    assert follow_turn(api_client, turn).status_code == 200
+
+
+def test_the_schema_documents_429_on_the_events_read_only():
+    from tests.abuse.support import api_schema
+
+    paths = api_schema()["paths"]
+    assert "429" in paths["/api/v1/turns/{turn_id}/events/"]["get"]["responses"]
+    assert "429" not in paths["/api/v1/turns/{turn_id}/"]["get"]["responses"]
+    assert "429" not in paths["/api/v1/sessions/{session_id}/messages/"]["get"]["responses"]
+    assert "429" in paths["/api/v1/sessions/{session_id}/messages/"]["post"]["responses"]
