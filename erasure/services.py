@@ -133,13 +133,13 @@ def erasure_plan(*, team: Team, kin: Kin | None, person: Person) -> ErasurePlan:
     if person.sender.strip():
         found |= Q(sender__iexact=person.sender.strip())
     events = (Event.objects.filter(session__in=sessions).annotate(**_as_text("data")).filter(found)
-              .only("id", "session_id", "kind", "sender", "content", "data").order_by("id"))
-    erased_events: dict[int, list[int]] = defaultdict(list)  # session id -> erased event ids
+              .only("id", "session_id", "kind", "sender", "content", "data", "created_at").order_by("id"))
+    erased_events: dict[int, list[Event]] = defaultdict(list)  # session id -> its erased events
     for event in events:
         if (person.is_sender(event.sender) or person.mentioned_in(event.content)
                 or person.mentioned_in(event.sender) or person.mentioned_in_value(event.data)):
             plan.add("messages", event, DELETE, f"{event.sender}: {event.content}" if event.sender else event.content)
-            erased_events[event.session_id].append(event.pk)
+            erased_events[event.session_id].append(event)
     # A turn whose message goes takes what it derived from it: its reply and its tool steps.
     lost_turns = list(Turn.objects.filter(session__in=sessions, user_message_id__in=[
         finding.id for finding in plan.findings]).values_list("pk", "reply_id"))
@@ -147,17 +147,21 @@ def erasure_plan(*, team: Team, kin: Kin | None, person: Person) -> ErasurePlan:
         Q(pk__in=[reply for _turn, reply in lost_turns if reply])
         | Q(session__in=sessions, kind__in=(Event.Kind.TOOL_CALL, Event.Kind.TOOL_RESULT),
             data__turn__in=[turn for turn, _reply in lost_turns])
-    ).exclude(pk__in=[finding.id for finding in plan.findings]).only("id", "session_id", "sender", "content")
+    ).exclude(pk__in=[finding.id for finding in plan.findings]).only("id", "session_id", "sender", "content",
+                                                                     "created_at")
     for event in derived.order_by("id"):
         plan.add("messages", event, DELETE, f"{event.sender}: {event.content}" if event.sender else event.content)
-        erased_events[event.session_id].append(event.pk)
-    erased_event_ids = {pk for ids in erased_events.values() for pk in ids}
+        erased_events[event.session_id].append(event)
+    erased_event_ids = {event.pk for events in erased_events.values() for event in events}
     summaries = Summary.objects.filter(session__in=sessions).filter(
         Q(session_id__in=list(erased_events)) | _text_filter(person, "content"))
     for summary in summaries.order_by("id"):
-        through = summary.seen_through_id or summary.last_event_id
-        covers = any(summary.first_event_id <= pk <= max(through, summary.last_event_id)
-                     for pk in erased_events.get(summary.session_id, ()))
+        # Covered: within its time range (a message imported into it later counts too, the
+        # next compaction would fold it in) or its range of ids.
+        through = max(summary.seen_through_id or 0, summary.last_event_id)
+        covers = any(summary.first_at <= event.created_at <= summary.last_at
+                     or summary.first_event_id <= event.pk <= through
+                     for event in erased_events.get(summary.session_id, ()))
         if covers or person.mentioned_in(summary.content):
             plan.add("summaries", summary, DELETE, summary.content)
 

@@ -193,3 +193,23 @@ def test_what_a_compaction_would_fold_afterwards_holds_none_of_it(api_client, ki
     assert "weather is mild" in sent
     for needle in HERS:
         assert needle not in sent
+
+
+def test_a_summary_whose_time_holds_an_imported_message_of_theirs_goes(api_client, kin):
+    """Imported later (a higher id) into summarised time: the next compaction would fold it in."""
+    from tests.erasure.conftest import at
+    from tests.factories import SummaryFactory
+
+    session = SessionFactory(kin=kin)
+    first = MessageFactory(session=session, sender="Bob", content="Morning", created_at=at(0))
+    last = MessageFactory(session=session, sender="Bob", content="Evening", created_at=at(60))
+    summary = SummaryFactory(session=session, first_event=first, last_event=last, message_count=2,
+                             content="Bob greeted twice.", seen_through_id=last.pk)
+    MessageFactory(session=session, sender="Zelda Quist", content="Noon", created_at=at(30))
+    kept = SummaryFactory(session=session, first_event=first, last_event=first, message_count=1,
+                          content="Bob said morning.")
+
+    erase(api_client, sender="Zelda Quist")
+
+    assert not Summary.objects.filter(pk=summary.pk).exists()
+    assert Summary.objects.filter(pk=kept.pk).exists()
