@@ -18,10 +18,10 @@ lock, and run again. A turn our own service stopped before its reply (Redis or t
 unreachable, its session lock lost, or waited out by its task) goes back to pending
 (kinsite.jobs.job_release), counted in `auto_retries`, and the requeue sweep sends it again
 once the broker answers; after settings.TURN_AUTO_RETRIES it is failed. A failure of the
-model fails the turn at once, to be retried by hand (turn_retry). Beat runs both sweeps every minute over every kind of job
-(kinsite.tasks' requeue_jobs_task and recover_stalled_jobs_task); this module declares the
-turns' kind (TURN_JOBS) and decides only what a stalled turn needs: its session lock, free,
-and whether it has starts left."""
+model fails the turn at once, to be retried by hand (turn_retry). Beat runs both sweeps
+every minute over every kind of job (kinsite.tasks' requeue_jobs_task and
+recover_stalled_jobs_task); this module declares the turns' kind (TURN_JOBS) and decides
+only what a stalled turn needs: its session lock, free, and whether it has starts left."""
 from __future__ import annotations
 
 import copy
