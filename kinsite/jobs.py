@@ -11,6 +11,9 @@ starts), and a Celery task that takes the row's id:
   deliveries of one task only one matches, so a redelivered task does nothing;
 - `jobs_requeue` (beat, every minute) sends again the pending jobs without a queued
   marker: sent while the broker was down, or lost with Redis's data in a restart;
+- `job_release` gives a job its task could not finish, for a reason outside the job (Redis,
+  the broker, the domain's lock), back to pending, for jobs_requeue to send again once the
+  service is back; the domain counts those and decides when to give up;
 - `jobs_recover_stalled` (beat, every minute) takes over the jobs left running by a
   process that stopped, once nobody holds their domain's lock: the domain decides
   whether each runs again (back to pending, sent again) or is failed.
@@ -19,6 +22,7 @@ sweeps (kinsite.tasks) reach every kind without this module importing any domain
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -77,6 +81,9 @@ class JobKind:
     # Fields `free` and `give_up` read, besides pk and started_at.
     reads: tuple[str, ...] = ()
     counts_attempts: bool = False  # the model has `attempts`, one more at each claim
+    # A datetime field job_release sets: a queued marker set before it is an earlier send's
+    # (kept by a Redis that kept its data through the outage) and does not hold the job back.
+    released_at_field: str = ""
     # A pending job younger than this may still have its task on the way (sent on commit).
     requeue_after: timedelta = timedelta(minutes=1)
     requeue_batch: int = 500
@@ -119,10 +126,13 @@ def job_queued_key(kind: JobKind, job_id: int) -> str:
 def job_send(kind: JobKind, job_id: int) -> None:
     """Send the job's task, then mark it queued. The broker not answering raises kombu's
     OperationalError (the job stays pending: the caller says so, jobs_requeue sends it)."""
+    # Taken before the send, for jobs_requeue to compare with the job's last release: a fast
+    # worker (or eager Celery) may run the task, and release the job, before the marker is set.
+    sent_at = time.time()
     import_string(kind.task).delay(job_id)
     visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout", 3600)
     try:
-        cache.set(job_queued_key(kind, job_id), True, timeout=visibility)
+        cache.set(job_queued_key(kind, job_id), sent_at, timeout=visibility)
     except RedisError as exc:
         # The task is queued; without its marker the sweep merely sends it once more.
         logger.warning("%s %s is queued but not marked so: %s", kind.name.capitalize(), job_id, exc)
@@ -155,6 +165,36 @@ def job_claim(kind: JobKind, job_id: int, *, rerun: bool = False, now: datetime 
     ))
 
 
+def job_release(kind: JobKind, job_id: int, *, statuses: tuple[str, ...] = (RUNNING,), match: dict | None = None,
+                now: datetime | None = None, **fields) -> bool:
+    """Put the job back to pending, with `fields`, when its task could not finish it for a
+    reason outside the job (Redis, the broker, the domain's lock, waited out): jobs_requeue
+    sends it again (beat, every minute), once the broker answers. A conditional UPDATE from
+    `statuses` and `match` (say the claim's started_at): a job someone else took meanwhile is
+    left alone, and False says so. Its queued marker is dropped, so the sweep does not wait for
+    it; with the cache down too, the kind's released_at_field tells the sweep the marker is old."""
+    now = now or timezone.now()
+    if kind.released_at_field:
+        fields[kind.released_at_field] = now
+    released = kind.objects.filter(pk=job_id, status__in=statuses, **(match or {})).update(
+        status=PENDING, started_at=None, **fields
+    )
+    if released:
+        try:
+            cache.delete(job_queued_key(kind, job_id))
+        except RedisError as exc:
+            logger.warning("%s %s is pending again but still marked queued: %s", kind.name.capitalize(), job_id, exc)
+    return bool(released)
+
+
+def _marker_current(marker, released_at: datetime | None) -> bool:
+    """Whether a queued marker stands for a task sent since the job's last release. A marker
+    without a time (written before markers carried one) counts only for a job never released."""
+    if released_at is None:
+        return True
+    return isinstance(marker, float) and marker >= released_at.timestamp()
+
+
 # --- the sweeps ------------------------------------------------------------------------------
 
 
@@ -165,10 +205,10 @@ def jobs_requeue(kind: JobKind, *, now: datetime | None = None) -> list[int]:
     the pending jobs only (a partial index on status pending), the oldest requeue_batch
     first. With Redis down it stops, logs, and leaves the rest to the next minute."""
     cutoff = (now or timezone.now()) - kind.requeue_after
-    pending = list(
-        kind.objects.filter(status=PENDING, created_at__lte=cutoff)
-        .order_by("id").values_list("pk", flat=True)[: kind.requeue_batch]
-    )
+    released_at = (kind.released_at_field,) if kind.released_at_field else ()
+    rows = (kind.objects.filter(status=PENDING, created_at__lte=cutoff)
+            .order_by("id").values_list("pk", *released_at)[: kind.requeue_batch])
+    pending = {row[0]: row[1] if released_at else None for row in rows}  # id: its last release
     if not pending:
         return []
     keys = {job_id: job_queued_key(kind, job_id) for job_id in pending}
@@ -176,7 +216,7 @@ def jobs_requeue(kind: JobKind, *, now: datetime | None = None) -> list[int]:
     try:
         queued = cache.get_many(list(keys.values()))
         for job_id, key in keys.items():
-            if key not in queued:
+            if key not in queued or not _marker_current(queued[key], pending[job_id]):
                 job_send(kind, job_id)
                 requeued.append(job_id)
     except REDIS_OUTAGES as exc:

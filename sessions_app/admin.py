@@ -137,10 +137,10 @@ class MessageCountAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
 
 @admin.register(Turn)
 class TurnAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["id", "session", "status", "is_async", "attempts", "tool_calls", "prompt_tokens", "tokens_in",
-                    "tokens_out", "created_at", "finished_at"]
+    list_display = ["id", "session", "status", "is_async", "attempts", "auto_retries", "tool_calls", "prompt_tokens",
+                    "tokens_in", "tokens_out", "created_at", "finished_at"]
     list_filter = ["status", "is_async"]
-    search_fields = ["error"]
+    search_fields = ["error", "retry_reason"]
     list_select_related = ["session"]
 
 

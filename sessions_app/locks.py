@@ -4,8 +4,9 @@ With REDIS_URL it is a Redis lock, shared by every web process and Celery worker
 without it (the embedded SQLite mode: one process) a threading lock per session.
 The Redis lock has a lease, so a killed worker cannot block a session for ever; a
 turn renews it before each model call (`SessionLock.refresh`). When Redis does not
-answer, taking or renewing the lock raises LockUnavailable (503): turns of a session
-must not interleave, so no turn runs without it."""
+answer, taking or renewing the lock raises LockUnavailable (503), and a renewal after the
+lease ran out LockLost: turns of a session must not interleave, so no turn runs without it
+(sessions_app.turns puts such a turn back in the queue)."""
 from __future__ import annotations
 
 import threading
@@ -33,6 +34,16 @@ class SessionBusy(Conflict):
 
 class LockUnavailable(ServiceUnavailable):
     """Redis, which holds the session locks, did not answer."""
+
+
+class LockLost(LockUnavailable):
+    """The lease ran out before its renewal (Redis was slow to answer, or lost its data in a
+    restart): another process may hold the session now, so the turn must not go on."""
+
+
+def wait_seconds() -> float:
+    """How long taking a session's lock waits for the turn before it (TURN_LOCK_WAIT_SECONDS)."""
+    return getattr(settings, "TURN_LOCK_WAIT_SECONDS", DEFAULT_WAIT_SECONDS)
 
 
 def lease_seconds() -> float:
@@ -64,6 +75,11 @@ class SessionLock:
             self._redis_lock.reacquire()
         except REDIS_UNREACHABLE as exc:
             raise _unavailable(self._redis_lock.name, exc) from exc
+        except LockError as exc:
+            raise LockLost(
+                f"The session lock was lost before the turn could renew it: {exc}",
+                details={"service": "redis", "lock": self._redis_lock.name},
+            ) from exc
         self._renewed_at = time.monotonic()
 
 
@@ -98,7 +114,7 @@ def _local_lock(session_id: int) -> threading.Lock:
 def session_lock(session_id: int, timeout: float | None = None) -> Iterator[SessionLock]:
     """Hold the session's turn lock; waits up to `timeout` seconds (default
     TURN_LOCK_WAIT_SECONDS or 300) and raises SessionBusy (409) if it cannot get it."""
-    wait = timeout if timeout is not None else getattr(settings, "TURN_LOCK_WAIT_SECONDS", DEFAULT_WAIT_SECONDS)
+    wait = timeout if timeout is not None else wait_seconds()
     busy = SessionBusy(
         f"Session {session_id} is still answering an earlier message; try again shortly.",
         details={"session": session_id},

@@ -164,6 +164,13 @@ class Turn(models.Model):
     # once more at each claim by a session lock holder (a task after its process stopped).
     # After a few it is failed instead (sessions_app.turns.TURN_MAX_ATTEMPTS).
     attempts = models.PositiveSmallIntegerField(default=0)
+    # How many times our own service stopped the turn before its reply (Redis or the broker
+    # unreachable, the session lock lost or waited out) and put it back to pending, for
+    # kinsite.jobs' requeue sweep to run again; past settings.TURN_AUTO_RETRIES it is failed.
+    # A failure of the model is not counted: it fails the turn at once.
+    auto_retries = models.PositiveSmallIntegerField(default=0)
+    retry_reason = models.TextField(blank=True)  # why it was last put back, kept once it is done
+    retried_at = models.DateTimeField(null=True, blank=True)  # when it was last put back
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -302,7 +302,12 @@ class MessagePostSerializer(serializers.Serializer):
 
 class TurnSerializer(serializers.ModelSerializer):
     # A plain string in the schema: as an enum, "status" would collide with Memory's status enum.
-    status = serializers.CharField(read_only=True, help_text="pending, running, done or failed.")
+    status = serializers.CharField(
+        read_only=True,
+        help_text="pending, running, done or failed. pending with auto_retries > 0: waiting to run again after our "
+                  "own service (Redis, the task queue, the session lock) stopped it before its reply; retry_reason "
+                  "says why.",
+    )
     # Null until stored: no reply yet (pending, failed); a deleted message leaves none.
     message = MessageSerializer(source="user_message", read_only=True, allow_null=True)
     reply = MessageSerializer(read_only=True, allow_null=True)
@@ -325,6 +330,9 @@ class TurnSerializer(serializers.ModelSerializer):
             "tool_calls",
             "tool_call_limit_reached",
             "attempts",
+            "auto_retries",
+            "retry_reason",
+            "retried_at",
             "prompt_tokens",
             "tokens_in",
             "tokens_out",
@@ -363,6 +371,9 @@ class TurnSerializer(serializers.ModelSerializer):
             "tool_calls": int(turn.tool_calls),
             "tool_call_limit_reached": self.get_tool_call_limit_reached(turn),
             "attempts": int(turn.attempts),
+            "auto_retries": int(turn.auto_retries),
+            "retry_reason": str(turn.retry_reason),
+            "retried_at": datetime_value(turn.retried_at),
             "prompt_tokens": int(turn.prompt_tokens),
             "tokens_in": int(turn.tokens_in),
             "tokens_out": int(turn.tokens_out),

@@ -14,10 +14,14 @@ nothing (no turn can run without the session lock); an async post keeps its mess
 and pending turn, and kinsite.jobs' requeue sweep queues the turn once the broker is back.
 A turn left running by a process that stopped (a killed worker or web process, or a task
 Redis lost) is taken over by kinsite.jobs' stalled sweep once nobody holds its session
-lock, and run again. Beat runs both sweeps every minute over every kind of job
-(kinsite.tasks' requeue_jobs_task and recover_stalled_jobs_task); this module declares the
-turns' kind (TURN_JOBS) and decides only what a stalled turn needs: its session lock, free,
-and whether it has starts left."""
+lock, and run again. A turn our own service stopped before its reply (Redis or the broker
+unreachable, its session lock lost, or waited out by its task) goes back to pending
+(kinsite.jobs.job_release), counted in `auto_retries`, and the requeue sweep sends it again
+once the broker answers; after settings.TURN_AUTO_RETRIES it is failed. A failure of the
+model fails the turn at once, to be retried by hand (turn_retry). Beat runs both sweeps
+every minute over every kind of job (kinsite.tasks' requeue_jobs_task and
+recover_stalled_jobs_task); this module declares the turns' kind (TURN_JOBS) and decides
+only what a stalled turn needs: its session lock, free, and whether it has starts left."""
 from __future__ import annotations
 
 import copy
@@ -37,7 +41,16 @@ from kombu.exceptions import OperationalError as BrokerUnreachable
 
 from kinsite.actors import writer_ref
 from kinsite.errors import Conflict, ServiceUnavailable, UpstreamError
-from kinsite.jobs import REDIS_OUTAGES, JobKind, Recovered, job_claim, job_send, jobs_recover_stalled, jobs_requeue
+from kinsite.jobs import (
+    REDIS_OUTAGES,
+    JobKind,
+    Recovered,
+    job_claim,
+    job_release,
+    job_send,
+    jobs_recover_stalled,
+    jobs_requeue,
+)
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.types import LLMError, ToolCall
 from kinsite.tokencount import count_tokens
@@ -46,7 +59,7 @@ from memories.models import Memory
 from memories.services import Actor, memories_mark_retrieved
 from sessions_app.compaction import compaction_needed, compaction_needed_after_turn, compaction_request
 from sessions_app.introspection import IntrospectionDisabled, introspection_after_turn, introspection_request
-from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, lease_seconds, session_lock
+from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, lease_seconds, session_lock, wait_seconds
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.prompt import AssembledPrompt, prompt_assemble
 from sessions_app.services import session_check_open
@@ -136,6 +149,11 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
             while (oldest := _turn_next(opened=turn)).pk != turn.pk:
                 if _turn_claim(oldest):
                     _turn_execute(turn=oldest, lock=lock, raise_errors=False)
+                    if oldest.status == Turn.Status.PENDING:
+                        # Our own service stopped it and it is queued again: this post's turn
+                        # waits behind it (running it now would skip the order).
+                        _turn_requeue_started(turn=turn, reason=oldest.retry_reason)
+                        raise LockUnavailable(oldest.retry_reason, details={"service": "redis"})
             turn = oldest  # its session, kin and team read under the lock
             prompt = _turn_execute(turn=turn, lock=lock, raise_errors=True)
     except LockUnavailable as exc:
@@ -158,7 +176,9 @@ def turn_run(*, turn_id: int) -> Turn | None:
     the requeue sweep's) is harmless: it runs the next turn early, or finds nothing. A turn
     found running while we hold the session lock belonged to a process that stopped, so
     it is run again (at most TURN_MAX_ATTEMPTS starts). A model failure is recorded on
-    the turn, not raised."""
+    the turn, not raised. A task that cannot take the session lock (the session stayed busy
+    for TURN_LOCK_WAIT_SECONDS, or Redis did not answer) puts its turn back in the queue
+    (_turn_requeue_unstarted), for the requeue sweep to send again."""
     queued = Turn.objects.filter(pk=turn_id).values_list("session_id", "status").first()
     if queued is None:
         return None
@@ -173,6 +193,13 @@ def turn_run(*, turn_id: int) -> Turn | None:
             if turn is None:
                 return None
             prompt = _turn_execute(turn=turn, lock=lock, raise_errors=False)
+    except (SessionBusy, LockUnavailable) as exc:
+        # Before any turn ran here: the session stayed busy for the whole wait, or Redis did
+        # not answer. This task's turn goes back to the queue rather than wait for nobody.
+        if turn is None:
+            _turn_requeue_unstarted(turn_id, reason=_lock_wait_reason(exc))
+            return None
+        raise
     finally:
         # Outside the lock: an eager task runs turn_run here, which takes it. Also after a
         # bug in the turn that ran, so this one does not wait for a sweep.
@@ -195,8 +222,9 @@ def turn_retry(*, turn: Turn) -> Turn:
     first, so a retried turn runs before the turns posted after it that still wait; its
     prompt ends at its own message (with the tool rounds its failed attempt stored), and its
     reply is stored when it comes, after whatever the session got meanwhile. `attempts`
-    keeps counting. With the broker down it raises TurnNotQueued (503), the turn kept
-    pending for the requeue sweep."""
+    keeps counting; `auto_retries` starts again from 0, so a turn the automatic retries gave
+    up on gets as many again. With the broker down it raises TurnNotQueued (503), the turn
+    kept pending for the requeue sweep."""
     session_check_open(session=turn.session)
     if turn.user_message_id is None:
         raise TurnNotRetryable(
@@ -205,7 +233,7 @@ def turn_retry(*, turn: Turn) -> Turn:
         )
     with transaction.atomic():
         retried = Turn.objects.filter(pk=turn.pk, status=Turn.Status.FAILED).update(
-            status=Turn.Status.PENDING, error="", started_at=None, finished_at=None,
+            status=Turn.Status.PENDING, error="", started_at=None, finished_at=None, auto_retries=0,
         )
         if retried:
             # Before the commit: a follower that reads the failed attempt's end after this
@@ -281,7 +309,7 @@ def _turn_give_up(turn: Turn) -> str | None:
 TURN_JOBS = JobKind(
     name="turn", label="turns", model="sessions_app.Turn", task="sessions_app.tasks.run_turn_task",
     stalled_after=turn_stalled_after, free=_turn_free, give_up=_turn_give_up,
-    reads=("session_id", "attempts", "user_message_id"), counts_attempts=True,
+    reads=("session_id", "attempts", "user_message_id"), counts_attempts=True, released_at_field="retried_at",
 )
 
 
@@ -392,10 +420,19 @@ def _lock_outage(*, session: Session, turn: Turn | None) -> ServiceUnavailable:
             "run. Post it again shortly.",
             details={"service": "redis", "stored": False, "session": session.pk},
         )
+    if turn.status == Turn.Status.PENDING:
+        return ServiceUnavailable(
+            f"The session lock service (Redis) became unreachable while the kin was answering. Your message is "
+            f"stored (message {turn.user_message_id}) and turn {turn.pk} is queued again: it is answered once "
+            f"the service is back. Poll GET /api/v1/turns/{turn.pk}/ and do not post it again.",
+            details={"service": "redis", "stored": True, "turn": turn.pk, "message": turn.user_message_id,
+                     "status": turn.status},
+        )
     return ServiceUnavailable(
         f"The session lock service (Redis) became unreachable while the kin was answering. Your message is "
-        f"stored (message {turn.user_message_id}) and turn {turn.pk} records the error; post again shortly.",
-        details={"service": "redis", "stored": True, "turn": turn.pk, "message": turn.user_message_id},
+        f"stored (message {turn.user_message_id}) and turn {turn.pk} records the error: {turn.error}",
+        details={"service": "redis", "stored": True, "turn": turn.pk, "message": turn.user_message_id,
+                 "status": turn.status},
     )
 
 
@@ -439,10 +476,14 @@ def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> Assem
             _command_answer(turn=turn, session=session, message=message)
         else:
             prompt = _turn_converse(turn=turn, session=session, message=message, lock=lock)
-    except ServiceUnavailable as exc:
-        # Redis went away mid-turn (the lock could not be renewed): the turn stops, and says why.
-        error_code = exc.code
-        _turn_fail(turn=turn, error=exc.message)
+    except REDIS_OUTAGES as exc:
+        # Our own service stopped the turn (the session lock could not be renewed, Redis or the
+        # broker did not answer): not the model's failure, so unless its reply is stored it goes
+        # back to the queue, to run again once the service is back.
+        if turn.status == Turn.Status.DONE:
+            raise
+        error_code = getattr(exc, "code", "service_unavailable")
+        _turn_requeue_started(turn=turn, reason=_outage_text(exc))
         if raise_errors:
             raise
     except LLMError as exc:
@@ -460,8 +501,78 @@ def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> Assem
         _turn_fail(turn=turn, error=f"Internal error: {type(exc).__name__}: {exc}")
         raise
     finally:
-        turn_event_publish(turn, END, {"status": turn.status, "code": error_code})
+        if turn.status not in UNFINISHED:
+            # A turn back in the queue publishes no end: its followers wait for its next attempt.
+            turn_event_publish(turn, END, {"status": turn.status, "code": error_code})
     return prompt
+
+
+def _outage_text(exc: Exception) -> str:
+    if isinstance(exc, ServiceUnavailable):
+        return exc.message
+    return f"Redis or the task queue did not answer: {type(exc).__name__}: {exc}"
+
+
+def _lock_wait_reason(exc: Exception) -> str:
+    if isinstance(exc, SessionBusy):
+        return f"The task waited {wait_seconds():g} s for the session's earlier turn to finish, in vain."
+    return _outage_text(exc)
+
+
+def _out_of_auto_retries_error(*, turn_id: int, message_id: int | None, retries: int, reason: str) -> str:
+    return (f"Our own service stopped this turn before its reply {retries + 1} times, and after "
+            f"{retries} automatic retries it is not run again. The last time: {reason} Your message is stored "
+            f"(message {message_id}); retry the turn (POST /api/v1/turns/{turn_id}/retry/, or Retry in the "
+            f"chat) once the service is fixed.")
+
+
+def _turn_requeue_started(*, turn: Turn, reason: str) -> None:
+    """A claimed turn our own service stopped: back to pending for the requeue sweep, one
+    more automatic retry, or failed once it had settings.TURN_AUTO_RETRIES of them. Written
+    only if the turn is still this claim's (its started_at): a turn whose lock was lost may be
+    another process's now. What its attempt stored (tool rounds, tokens) stays."""
+    now = timezone.now()
+    this_claim = {"started_at": turn.started_at}
+    counters = {"tool_calls": turn.tool_calls, "prompt_tokens": turn.prompt_tokens, "tokens_in": turn.tokens_in,
+                "tokens_out": turn.tokens_out}
+    if turn.auto_retries >= settings.TURN_AUTO_RETRIES:
+        error = _out_of_auto_retries_error(turn_id=turn.pk, message_id=turn.user_message_id,
+                                           retries=turn.auto_retries, reason=reason)
+        if Turn.objects.filter(pk=turn.pk, status=Turn.Status.RUNNING, **this_claim).update(
+            status=Turn.Status.FAILED, error=error, finished_at=now, **counters,
+        ):
+            turn.status, turn.error, turn.finished_at = Turn.Status.FAILED, error, now
+            logger.warning("Turn %s failed: out of automatic retries (%s)", turn.pk, reason)
+        return
+    if job_release(TURN_JOBS, turn.pk, match=this_claim, now=now, auto_retries=F("auto_retries") + 1,
+                   retry_reason=reason, error="", **counters):
+        turn.status, turn.started_at, turn.retry_reason, turn.retried_at = Turn.Status.PENDING, None, reason, now
+        turn.auto_retries += 1
+        logger.warning("Turn %s is queued again (automatic retry %d): %s", turn.pk, turn.auto_retries, reason)
+
+
+def _turn_requeue_unstarted(turn_id: int, *, reason: str) -> None:
+    """A pending turn whose task could not take the session lock: still pending, one more
+    automatic retry, its queued marker dropped so the requeue sweep sends it again; or failed
+    once it had settings.TURN_AUTO_RETRIES of them. A turn another task took meanwhile (it
+    is not pending any more) is left alone."""
+    turn = Turn.objects.filter(pk=turn_id, status=Turn.Status.PENDING).only("auto_retries", "user_message_id").first()
+    if turn is None:
+        return
+    now = timezone.now()
+    if turn.auto_retries >= settings.TURN_AUTO_RETRIES:
+        error = _out_of_auto_retries_error(turn_id=turn.pk, message_id=turn.user_message_id,
+                                           retries=turn.auto_retries, reason=reason)
+        if Turn.objects.filter(pk=turn.pk, status=Turn.Status.PENDING).update(
+            status=Turn.Status.FAILED, error=error, finished_at=now,
+        ):
+            turn.status = Turn.Status.FAILED
+            turn_event_publish(turn, END, {"status": turn.status, "code": "turn_abandoned"})
+            logger.warning("Turn %s failed: out of automatic retries (%s)", turn.pk, reason)
+        return
+    if job_release(TURN_JOBS, turn.pk, statuses=(Turn.Status.PENDING,), now=now,
+                   auto_retries=F("auto_retries") + 1, retry_reason=reason):
+        logger.warning("Turn %s is queued again (automatic retry %d): %s", turn.pk, turn.auto_retries + 1, reason)
 
 
 def _turn_fail(*, turn: Turn, error: str) -> None:

@@ -88,18 +88,19 @@ def test_sync_post_while_redis_is_down_answers_503_stores_nothing_and_works_once
     assert Event.objects.filter(session=chat_session, role="user").count() == 1
 
 
-def test_redis_lost_in_the_middle_of_a_sync_turn_fails_the_turn_with_503_and_keeps_what_it_stored(
+def test_redis_lost_in_the_middle_of_a_sync_turn_answers_503_and_queues_the_turn_again_with_what_it_stored(
     api_client, chat_session, on_redis, fake_model, settings
 ):
     """Redis stops while the kin's first model call is in flight; the model asks for a tool.
 
     The user sees: 503 `service_unavailable` saying Redis became unreachable while the kin
     was answering, that the message is stored (details.stored true, with message and
-    turn) and to post again; the turn polled as `failed` with that error. Stored: the
-    message, the tool call and its result (each tool round commits as it happens), the
-    failed turn; no reply, and no second model call: without the session lock's renewal
-    the turn stops rather than risk interleaving with another. Runs again: nothing; the
-    next post once Redis is back is answered and its prompt carries the earlier round."""
+    turn) and queued again, not to be posted again; the turn polled as `pending`, with
+    `auto_retries` 1 and the Redis error as `retry_reason`. Stored: the message, the tool
+    call and its result (each tool round commits as it happens), the pending turn; no
+    reply, and no second model call: without the session lock's renewal the turn stops
+    rather than risk interleaving with another. Runs again: the next post once Redis is
+    back answers the kept turn first, from its stored round, then its own."""
     settings.LLM_TIMEOUT_SECONDS = 10  # the model's answer is slow, not failed
     fake_model.tool_call("unknown_tool", {}, call_id="call_1", delay=1.0)
 
@@ -117,11 +118,13 @@ def test_redis_lost_in_the_middle_of_a_sync_turn_fails_the_turn_with_503_and_kee
     error = assert_unavailable(response, "service_unavailable")
     turn = Turn.objects.get()
     message = Event.objects.get(session=chat_session, role="user")
-    assert error["details"] == {"service": "redis", "stored": True, "turn": turn.pk, "message": message.pk}
+    assert error["details"] == {"service": "redis", "stored": True, "turn": turn.pk, "message": message.pk,
+                                "status": "pending"}
     assert "became unreachable while the kin was answering" in error["message"]
-    assert turn.status == "failed" and turn.reply is None and "Redis" in turn.error
+    assert "do not post it again" in error["message"]
+    assert turn.status == "pending" and turn.reply is None and "Redis" in turn.retry_reason
     polled = api_client.get(f"/api/v1/turns/{turn.pk}/").json()
-    assert polled["status"] == "failed" and polled["error"] == turn.error
+    assert polled["status"] == "pending" and polled["auto_retries"] == 1 and polled["error"] == ""
     assert list(Event.objects.filter(session=chat_session).order_by("id").values_list("kind", flat=True)) == [
         "message", "tool_call", "tool_result"]
     assert len(fake_model.requests) == 1
@@ -131,8 +134,12 @@ def test_redis_lost_in_the_middle_of_a_sync_turn_fails_the_turn_with_503_and_kee
     response = post(api_client, chat_session, "Try again?")
 
     assert response.status_code == 201, response.content
+    turn.refresh_from_db()
+    assert turn.status == "done" and turn.reply.content == "Found nothing."
+    resumed = fake_model.requests_to("chat")[-2]["messages"][1:]
+    assert [m["role"] for m in resumed] == ["user", "assistant", "tool"]
     history = fake_model.requests_to("chat")[-1]["messages"][1:]
-    assert [m["role"] for m in history] == ["user", "assistant", "tool", "user"]
+    assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant", "user"]
 
 
 def test_async_posts_while_redis_is_down_are_kept_and_answered_once_when_it_is_back(

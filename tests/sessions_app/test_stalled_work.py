@@ -110,7 +110,7 @@ def test_a_sent_run_is_marked_queued(chat_session, model, django_capture_on_comm
     with django_capture_on_commit_callbacks(execute=True):
         run = introspection_request(session=chat_session, trigger="checkpoint")
 
-    assert cache.get(job_queued_key(INTROSPECTION_JOBS, run.pk)) is True
+    assert isinstance(cache.get(job_queued_key(INTROSPECTION_JOBS, run.pk)), float)  # the send's time
 
 
 # --- introspection runs: left running ---------------------------------------------------------
