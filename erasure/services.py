@@ -203,10 +203,14 @@ def erasure_plan(*, team: Team, kin: Kin | None, person: Person) -> ErasurePlan:
         if any(person.mentioned_in(text) for text in (session.title, session.description, session.working_memory)):
             plan.add("sessions", session, REDACT, session.working_memory or session.description or session.title)
     turns = Turn.objects.filter(session__in=sessions).filter(
-        Q(user_message_id__in=erased_event_ids) | Q(reply_id__in=erased_event_ids) | _text_filter(person, "error"))
+        Q(user_message_id__in=erased_event_ids) | Q(reply_id__in=erased_event_ids)
+        | _text_filter(person, "error", "retry_reason"))
     for turn in turns.order_by("id"):
         lost_message = turn.user_message_id in erased_event_ids
-        if turn.status == Turn.Status.RUNNING and (lost_message or turn.reply_id in erased_event_ids):
+        lost = lost_message or turn.reply_id in erased_event_ids
+        if not lost and not (person.mentioned_in(turn.error) or person.mentioned_in(turn.retry_reason)):
+            continue
+        if turn.status == Turn.Status.RUNNING and lost:
             plan.busy.append(f"turn {turn.pk}")
         action = FAIL if lost_message and turn.status == Turn.Status.PENDING else REDACT
         plan.add("turns", turn, action, turn.error or f"turn {turn.pk}")
@@ -265,10 +269,11 @@ def erasure_run(*, team: Team, kin: Kin | None, person: Person, actor: str, acto
     erased_event_ids = [row.pk for row in rows["messages"]]
     for turn in rows["turns"]:
         turn.error = person.lines_redacted(turn.error)
+        turn.retry_reason = person.lines_redacted(turn.retry_reason)
         if turn.status == Turn.Status.PENDING and turn.user_message_id in set(erased_event_ids):
             turn.status, turn.finished_at = Turn.Status.FAILED, timezone.now()
             turn.error = "Its message was erased before it ran."
-        turn.save(update_fields=["error", "status", "finished_at"])
+        turn.save(update_fields=["error", "retry_reason", "status", "finished_at"])
     streams = list(rows["turns"])
     Event.objects.filter(pk__in=erased_event_ids).delete()
     Memory.objects.filter(pk__in=[row.pk for row in rows["memories"]]).delete()
