@@ -4,7 +4,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
@@ -162,6 +163,30 @@ class TeamScopedUserAdmin(TeamScopedAdminMixin, UserAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return super().has_delete_permission(request, obj) and (obj is None or user_manageable_by(obj, request.user))
+
+
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class SuperuserOnlyGroupAdmin(GroupAdmin):
+    """Groups are permission sets of the whole installation, so only superusers see or change
+    them: a team admin editing one would grant its permissions in every team."""
+
+    def has_module_permission(self, request):
+        return request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser
 
 
 @admin.register(Membership)
