@@ -7,6 +7,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from kinsite.env import env_bool, env_float, env_int, env_list, env_str
+from kinsite.netguard import allow_list_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -270,6 +271,9 @@ CANVAS_MAX_CHARS = env_int("CANVAS_MAX_CHARS", 1_500)
 WORKFLOW_HTTP_TIMEOUT_SECONDS = env_float("WORKFLOW_HTTP_TIMEOUT_SECONDS", 10.0)
 WORKFLOW_HTTP_MAX_BYTES = env_int("WORKFLOW_HTTP_MAX_BYTES", 5 * 1024 * 1024)
 WORKFLOW_HTTP_ALLOWED_HOSTS = env_list("WORKFLOW_HTTP_ALLOWED_HOSTS", [])
+for _entry in WORKFLOW_HTTP_ALLOWED_HOSTS:
+    if _problem := allow_list_problem(_entry):
+        raise ImproperlyConfigured(f"WORKFLOW_HTTP_ALLOWED_HOSTS: {_entry!r} {_problem}.")
 WORKFLOW_HTTP_ALLOW_PRIVATE = env_bool("WORKFLOW_HTTP_ALLOW_PRIVATE", False)
 # Compaction (SPEC §5): when un-summarised history passes TRIGGER × the kin's history
 # budget, everything but the newest COMPACTION_KEEP_TOKENS is folded into a summary
