@@ -303,6 +303,9 @@ CONSOLIDATION_MAX_PENDING_FACTS = env_int("CONSOLIDATION_MAX_PENDING_FACTS", 500
 CONSOLIDATION_MAX_ACTIVE_FACTS = env_int("CONSOLIDATION_MAX_ACTIVE_FACTS", 300)
 CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS = env_int("CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS", 300)
 IMPORT_MAX_MESSAGES = env_int("IMPORT_MAX_MESSAGES", 1_000)
+# How far ahead of this machine's clock an imported time may be (messages and kin documents
+# carry what already happened; a little leeway for another machine's clock).
+IMPORT_MAX_FUTURE_SECONDS = env_int("IMPORT_MAX_FUTURE_SECONDS", 86_400)
 # The largest kin document (transfer: POST /api/v1/kins/import/, the dashboard's import form
 # and `manage.py import_kin`) in bytes; larger ones answer 413 (the form: an error message).
 TRANSFER_MAX_DOCUMENT_BYTES = env_int("TRANSFER_MAX_DOCUMENT_BYTES", 50 * 1024 * 1024)
