@@ -43,7 +43,32 @@ INSTRUCTIONS = (
     "Search memories before answering from memory; add what is worth keeping."
 )
 
-mcp_server = MCPServer(name="kinsite", title="Kinsite", instructions=INSTRUCTIONS)
+
+class KinsiteMCPServer(MCPServer):
+    """The SDK's server, refusing arguments a tool does not take. The SDK validates arguments with
+    a pydantic model that ignores unknown keys, so an agent's typo ("importnce") was dropped
+    silently and the call made without it; now it is a tool error, like any other bad argument,
+    and the tools' schemas say so (additionalProperties: false)."""
+
+    async def list_tools(self):
+        tools = await super().list_tools()
+        for tool in tools:
+            tool.input_schema = {**tool.input_schema, "additionalProperties": False}
+        return tools
+
+    async def call_tool(self, name, arguments, context=None):
+        tool = self._tool_manager.get_tool(name)  # the SDK's own lookup (an unknown tool: its error)
+        if tool is not None:
+            allowed = list(tool.parameters.get("properties", {}))
+            unknown = sorted(set(arguments) - set(allowed))
+            if unknown:
+                # Worded as the SDK words a failed validation, so clients see one kind of error.
+                raise ToolError(f"Error executing tool {name}: unknown argument(s): {', '.join(unknown)}; "
+                                f"allowed: {', '.join(allowed)}.")
+        return await super().call_tool(name, arguments, context)
+
+
+mcp_server = KinsiteMCPServer(name="kinsite", title="Kinsite", instructions=INSTRUCTIONS)
 
 
 def _caller(ctx: Context) -> TokenPrincipal:

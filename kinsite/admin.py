@@ -4,14 +4,21 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin, scoped, user_manageable_by
+from kinsite.admin_mixins import (
+    ReadOnlyAdminMixin,
+    TeamScopedAdminMixin,
+    role_rank,
+    scoped,
+    user_manageable_by,
+)
 from kinsite.errors import InvalidInput
 from kinsite.models import ApiToken, Kin, LLMCall, Membership, PromptTemplate, Team
 from kinsite.prompt_templates import (
@@ -27,10 +34,79 @@ from kinsite.selectors import team_for_user
 from kinsite.services import api_token_issue, api_token_revoke
 
 
-class MembershipInline(TeamScopedAdminMixin, admin.TabularInline):
+def membership_change_refusal(membership: Membership, editor, *, role: str | None = None,
+                              team_id: int | None = None) -> str:
+    """Why `editor` may not give `membership` (as stored) the `role` in `team_id` (both
+    defaulting to the stored ones), or "" when they may: staff who are not superusers grant no
+    role above their own in that team, and change or remove no membership above it (the
+    owner's). The accounts are ranked the same way in user_manageable_by."""
+    if editor.is_superuser:
+        return ""
+    if membership.pk:
+        stored = Membership.objects.get(pk=membership.pk)
+        if Membership.Role(stored.role).rank > role_rank(editor, stored.team_id):
+            return f"Only a superuser or a team's {stored.role} may change this {stored.role}'s membership."
+    team_id = team_id if team_id is not None else membership.team_id
+    role = role or membership.role
+    if role and team_id and Membership.Role(role).rank > role_rank(editor, team_id):
+        return f"You may not give a role above your own in this team ({role})."
+    return ""
+
+
+class RankedMembershipForm(forms.ModelForm):
+    """The membership form of the admin and of the team page's inline, which check the editor's
+    rank (membership_change_refusal); `editor` is set per request by the admin."""
+
+    editor = None
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.instance.pk and not self.has_changed():
+            return cleaned  # the owner's row, left as it is, on the team page an admin saves
+        team = cleaned.get("team") or getattr(self.instance, "team", None)
+        refusal = membership_change_refusal(self.instance, self.editor, role=cleaned.get("role"),
+                                            team_id=team.pk if team else None)
+        if refusal:
+            raise forms.ValidationError(refusal)
+        return cleaned
+
+
+class RankedMembershipFormSet(forms.BaseInlineFormSet):
+    def clean(self):
+        super().clean()
+        for form in self.deleted_forms:  # a deleted row's own form is not validated
+            refusal = form.instance.pk and membership_change_refusal(form.instance, form.editor)
+            if refusal:
+                raise forms.ValidationError(refusal)
+
+
+class RankedMembershipAdminMixin:
+    form = RankedMembershipForm
+
+    def _ranked(self, form_class, request):
+        return type(form_class.__name__, (form_class,), {"editor": request.user})
+
+    def has_change_permission(self, request, obj=None):
+        if isinstance(obj, Membership) and membership_change_refusal(obj, request.user):
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        if isinstance(obj, Membership) and membership_change_refusal(obj, request.user):
+            return False
+        return super().has_delete_permission(request, obj)
+
+
+class MembershipInline(RankedMembershipAdminMixin, TeamScopedAdminMixin, admin.TabularInline):
     model = Membership
+    formset = RankedMembershipFormSet
     extra = 0
     autocomplete_fields = ["user"]
+
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.form = self._ranked(formset.form, request)
+        return formset
 
 
 @admin.register(Team)
@@ -89,11 +165,38 @@ class TeamScopedUserAdmin(TeamScopedAdminMixin, UserAdmin):
         return super().has_delete_permission(request, obj) and (obj is None or user_manageable_by(obj, request.user))
 
 
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class SuperuserOnlyGroupAdmin(GroupAdmin):
+    """Groups are permission sets of the whole installation, so only superusers see or change
+    them: a team admin editing one would grant its permissions in every team."""
+
+    def has_module_permission(self, request):
+        return request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+
 @admin.register(Membership)
-class MembershipAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
+class MembershipAdmin(RankedMembershipAdminMixin, TeamScopedAdminMixin, admin.ModelAdmin):
     list_display = ["user", "team", "role", "created_at"]
     list_filter = ["role", "team"]
     autocomplete_fields = ["user", "team"]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        return self._ranked(super().get_form(request, obj, change=change, **kwargs), request)
 
 
 @admin.register(ApiToken)

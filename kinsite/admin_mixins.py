@@ -58,11 +58,20 @@ def scope_q(model, user) -> Q | None:
     return Q(**{f"{path}__in": _team_ids(user)})
 
 
+def role_rank(user, team_id) -> int:
+    """`user`'s rank in the team (kinsite.models.Membership.Role.rank); -1 when not a member."""
+    from kinsite.models import Membership
+
+    role = Membership.objects.filter(user=user, team_id=team_id).values_list("role", flat=True).first()
+    return Membership.Role(role).rank if role else -1
+
+
 def user_manageable_by(target, editor) -> bool:
     """Whether `editor` may change, re-password or delete the account `target` in the admin:
     a superuser any; anyone else themselves, or a user who is no superuser, belongs to no team
-    the editor is not in, and holds no permission the editor lacks (counted even while the
-    target is inactive, since the editor may reactivate them)."""
+    the editor is not in, outranks the editor in none (an admin does not take over the owner),
+    and holds no permission the editor lacks (counted even while the target is inactive, since
+    the editor may reactivate them)."""
     if editor.is_superuser or target.pk == editor.pk:
         return True
     if target.is_superuser:
@@ -72,6 +81,9 @@ def user_manageable_by(target, editor) -> bool:
     from kinsite.models import Membership
 
     if Membership.objects.filter(user=target).exclude(team_id__in=_team_ids(editor)).exists():
+        return False
+    editor_ranks = {m.team_id: Membership.Role(m.role).rank for m in Membership.objects.filter(user=editor)}
+    if any(Membership.Role(m.role).rank > editor_ranks[m.team_id] for m in Membership.objects.filter(user=target)):
         return False
     held = Permission.objects.filter(Q(user=target) | Q(group__user=target)).values_list(
         "content_type__app_label", "codename")

@@ -1,11 +1,18 @@
 """A lock in Django's cache (Redis when REDIS_URL is set) for background jobs that
 must not run twice at once for the same row: compaction, introspection, consolidation."""
 import contextlib
+import pickle
 import uuid
 from collections.abc import Iterator
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.locmem import LocMemCache
+
+from kinsite.rediscache import RedisCache
+
+# Deletes KEYS[1] only while it still holds ARGV[1]: compare and delete in one step.
+_DELETE_IF_HELD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
 @contextlib.contextmanager
@@ -20,5 +27,25 @@ def cache_lock(key: str, *, owner: str = "") -> Iterator[str | None]:
     try:
         yield None if acquired else (cache.get(key) or "")
     finally:
-        if acquired and cache.get(key) == value:
-            cache.delete(key)
+        if acquired:
+            _delete_if_held(key, value)
+
+
+def _delete_if_held(key: str, value: str) -> bool:
+    """Delete `key` if it still holds `value`, as one step: a read and then a delete would
+    leave a moment in which the lock can expire and be taken by a new owner, whose lock
+    the delete would then remove. Django's cache has no compare-and-delete, so this reaches
+    into the two backends Kinsite configures (kinsite/settings.py)."""
+    backend = caches["default"]
+    if isinstance(backend, RedisCache):
+        redis_key = backend.make_and_validate_key(key)
+        client = backend._cache.get_client(redis_key, write=True)
+        stored = backend._cache._serializer.dumps(value)  # as Django's backend wrote it
+        return bool(client.eval(_DELETE_IF_HELD, 1, redis_key, stored))
+    if isinstance(backend, LocMemCache):
+        local_key = backend.make_and_validate_key(key)
+        with backend._lock:  # the lock every LocMemCache read and write takes
+            if backend._has_expired(local_key) or pickle.loads(backend._cache[local_key]) != value:
+                return False
+            return backend._delete(local_key)
+    raise NotImplementedError(f"cache_lock has no atomic release for {type(backend).__name__}")

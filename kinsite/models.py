@@ -39,6 +39,12 @@ class Membership(models.Model):
         ADMIN = "admin"
         MEMBER = "member"
 
+        @property
+        def rank(self) -> int:
+            """Owner above admin above member: nobody manages an account, or grants a role,
+            above their own (kinsite/admin_mixins.py)."""
+            return {"member": 0, "admin": 1, "owner": 2}[self.value]
+
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)

@@ -14,6 +14,7 @@ not expose it. A side benefit: no proxy from the environment can route around th
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import ssl
 import threading
@@ -64,13 +65,40 @@ class Policy:
         for entry in (e.strip() for e in entries):
             if not entry:
                 continue
+            problem = allow_list_problem(entry)
+            if problem:  # better loud than an entry that silently matches nothing
+                raise ValueError(f"{entry!r} {problem}.")
             try:
                 networks.append(ipaddress.ip_network(entry, strict=False))
-            except ValueError as exc:
-                if "/" in entry:  # meant as a network; better loud than silently matching nothing
-                    raise ValueError(f"{entry!r} is neither a host name nor an IP network.") from exc
+            except ValueError:
                 names.add(_normal_name(entry))
         return cls(frozenset(names), tuple(networks), allow_private)
+
+
+# A host name as a resolver takes it: dot-separated labels of letters, digits and hyphens (and
+# underscores, which container service names use), no label starting or ending with a hyphen.
+_HOST_NAME = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)(\.(?!-)[a-z0-9_-]{1,63}(?<!-))*\.?", re.IGNORECASE)
+
+
+def allow_list_problem(entry: str) -> str | None:
+    """What makes `entry` unusable in an allow-list (a host name, an IP address or a CIDR
+    network), as the end of a sentence about it; None: it is usable. Settings check every
+    entry with this when they load, so a typo stops the start rather than the first fetch."""
+    entry = entry.strip()
+    try:
+        ipaddress.ip_network(entry, strict=False)
+        return None
+    except ValueError:
+        pass
+    if "://" in entry:
+        return "is a URL: give the host name alone (every port and path of it is allowed)"
+    if "*" in entry:
+        return "has a wildcard, which the allow-list does not take: name each host, or give its network"
+    if re.fullmatch(r"[^:/\s]+:\d+", entry):
+        return "has a port: give the host name alone (every port of it is allowed)"
+    if "/" in entry or not _HOST_NAME.fullmatch(entry) or len(entry.rstrip(".")) > 253:
+        return "is neither a host name, an IP address nor a CIDR network"
+    return None
 
 
 def url_problem(url: str) -> str | None:

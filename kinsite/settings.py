@@ -7,6 +7,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from kinsite.env import env_bool, env_float, env_int, env_list, env_str
+from kinsite.netguard import allow_list_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -282,6 +283,9 @@ CANVAS_MAX_CHARS = env_int("CANVAS_MAX_CHARS", 1_500)
 WORKFLOW_HTTP_TIMEOUT_SECONDS = env_float("WORKFLOW_HTTP_TIMEOUT_SECONDS", 10.0)
 WORKFLOW_HTTP_MAX_BYTES = env_int("WORKFLOW_HTTP_MAX_BYTES", 5 * 1024 * 1024)
 WORKFLOW_HTTP_ALLOWED_HOSTS = env_list("WORKFLOW_HTTP_ALLOWED_HOSTS", [])
+for _entry in WORKFLOW_HTTP_ALLOWED_HOSTS:
+    if _problem := allow_list_problem(_entry):
+        raise ImproperlyConfigured(f"WORKFLOW_HTTP_ALLOWED_HOSTS: {_entry!r} {_problem}.")
 WORKFLOW_HTTP_ALLOW_PRIVATE = env_bool("WORKFLOW_HTTP_ALLOW_PRIVATE", False)
 # Compaction (SPEC §5): when un-summarised history passes TRIGGER × the kin's history
 # budget, everything but the newest COMPACTION_KEEP_TOKENS is folded into a summary
@@ -311,6 +315,9 @@ CONSOLIDATION_MAX_PENDING_FACTS = env_int("CONSOLIDATION_MAX_PENDING_FACTS", 500
 CONSOLIDATION_MAX_ACTIVE_FACTS = env_int("CONSOLIDATION_MAX_ACTIVE_FACTS", 300)
 CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS = env_int("CONSOLIDATION_LLM_COMMAND_TIMEOUT_SECONDS", 300)
 IMPORT_MAX_MESSAGES = env_int("IMPORT_MAX_MESSAGES", 1_000)
+# How far ahead of this machine's clock an imported time may be (messages and kin documents
+# carry what already happened; a little leeway for another machine's clock).
+IMPORT_MAX_FUTURE_SECONDS = env_int("IMPORT_MAX_FUTURE_SECONDS", 86_400)
 # The largest kin document (transfer: POST /api/v1/kins/import/, the dashboard's import form
 # and `manage.py import_kin`) in bytes; larger ones answer 413 (the form: an error message).
 TRANSFER_MAX_DOCUMENT_BYTES = env_int("TRANSFER_MAX_DOCUMENT_BYTES", 50 * 1024 * 1024)

@@ -75,7 +75,7 @@ from kinsite.models import Kin, PromptTemplate
 from kinsite.prompt_templates import template_validate
 from kinsite.services import TOKEN_PREFIX
 from memories.models import Memory, MemoryChange
-from sessions_app.api.serializers import KinSerializer
+from sessions_app.api.serializers import KinSerializer, imported_sender_problem, imported_time_problem
 from sessions_app.models import Event, Session, Summary, Turn
 
 FORMAT = "kinsite.kin"
@@ -211,6 +211,10 @@ def load_value(model_field: models.Field, value):
         parsed = parse_datetime(value) if isinstance(value, str) else None
         if parsed is None or parsed.tzinfo is None:
             raise ValueError("must be an ISO 8601 time with an offset, e.g. 2026-03-02T09:15:00+00:00")
+        # Every time a kin document carries is of something that happened (the API's rule).
+        problem = imported_time_problem(parsed)
+        if problem:
+            raise ValueError(problem)
         value = parsed
     elif isinstance(model_field, models.DateField):
         parsed = parse_date(value) if isinstance(value, str) else None
@@ -377,6 +381,10 @@ def _section_rows(errors: _Errors, section: Section, rows) -> dict[int, dict]:
                 errors.add(f"{path}.source_ref", str(exc))
         if section.key == "events" and isinstance(row["data"], dict):
             _event_data_shape_errors(errors, f"{path}.data", row["data"])
+        if section.key == "events" and isinstance(row["sender"], str):
+            problem = imported_sender_problem(row["sender"])  # the message import's rule
+            if problem:
+                errors.add(f"{path}.sender", problem)
     return by_id
 
 

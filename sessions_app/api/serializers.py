@@ -1,5 +1,8 @@
 """Serializers for kins, sessions, messages, imports, history search, chat turns and the prompt preview."""
+import datetime
+
 from django.conf import settings
+from django.utils import timezone
 from rest_framework import serializers
 
 from kinsite.api.representation import datetime_value
@@ -26,6 +29,26 @@ def _one_line(value: str) -> None:
     problem = one_line_problem(value)
     if problem:
         raise serializers.ValidationError(problem)
+
+
+def imported_time_problem(value: datetime.datetime) -> str | None:
+    """Why an imported time cannot be stored, or None: imports carry what already happened, so
+    a time further ahead than IMPORT_MAX_FUTURE_SECONDS (clock skew) is a broken source, and it
+    would sort after every message to come. Also the kin import's rule (transfer.format)."""
+    limit = timezone.now() + datetime.timedelta(seconds=settings.IMPORT_MAX_FUTURE_SECONDS)
+    if value > limit:
+        return (f"must not be in the future (at most {settings.IMPORT_MAX_FUTURE_SECONDS} seconds ahead of "
+                f"this server's clock, {timezone.now().isoformat(timespec='seconds')})")
+    return None
+
+
+def imported_sender_problem(value: str) -> str | None:
+    """Why a sender given with an imported message cannot be stored, or None: one line, and not
+    only whitespace. Also the kin import's rule (transfer.format), where "" is how a message
+    without a sender is stored and exported."""
+    if value and not value.strip():
+        return "must not be blank: name the sender, or leave the field out"
+    return one_line_problem(value)
 
 
 class KinSerializer(serializers.ModelSerializer):
@@ -232,7 +255,10 @@ def _sender_field():
 
 class ImportMessageSerializer(serializers.Serializer):
     content = _content_field()
-    sender = _sender_field()
+    # Left out, a message has no sender (as a chat post without one); given, it names someone.
+    sender = serializers.CharField(max_length=SENDER_MAX_CHARS, required=False, default="", validators=[_one_line],
+                                   error_messages={"blank": "Must not be blank: name the sender, or leave the "
+                                                            "field out."})
     platform = serializers.ChoiceField(choices=Event.Platform.choices, required=False, default=Event.Platform.API)
     role = serializers.ChoiceField(
         choices=[Event.Role.USER, Event.Role.ASSISTANT], required=False, default=Event.Role.USER
@@ -244,6 +270,12 @@ class ImportMessageSerializer(serializers.Serializer):
     def validate_content(self, value):
         if not value.strip():
             raise serializers.ValidationError("Message content must not be blank.")
+        return value
+
+    def validate_created_at(self, value):
+        problem = value and imported_time_problem(value)
+        if problem:
+            raise serializers.ValidationError(f"{problem[:1].upper()}{problem[1:]}.")
         return value
 
 

@@ -23,6 +23,7 @@ def test_lists_every_tool_with_a_description_and_a_schema(server_url, mcp_token)
     for tool in tools.values():
         assert len(tool.description) > 40, tool.name
         assert tool.input_schema["type"] == "object"
+        assert tool.input_schema["additionalProperties"] is False, tool.name  # unknown arguments are refused
     add = tools["memory_add"].input_schema
     assert add["required"] == ["kin_id", "content", "category"]
     assert add["properties"]["category"]["enum"] == ["fact", "preference", "decision", "knowledge"]

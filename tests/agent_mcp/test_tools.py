@@ -340,6 +340,24 @@ def test_arguments_the_api_refuses_are_refused_with_the_apis_message(mcp_url, mc
     assert MemoryChange.objects.count() == 0 and not Event.objects.exists()
 
 
+def test_an_unknown_argument_answers_a_tool_error_naming_it_and_the_allowed_ones(mcp_url, mcp_token, mcp_kin,
+                                                                                    mcp_session):
+    # An agent's typo ("importnce") must not be dropped silently, nor the call made without it.
+    typo, extra, session_extra = calls(
+        mcp_url, mcp_token,
+        ("memory_add", {"kin_id": mcp_kin.pk, "content": "Ada prefers tea.", "category": "preference",
+                        "importnce": 9}),
+        ("memory_search", {"kin_id": mcp_kin.pk, "query": "tea", "team_id": 1, "kinid": 2}),
+        ("session_read", {"session_id": mcp_session.pk, "with_messages": True}),
+    )
+
+    assert error_text(typo) == ("Error executing tool memory_add: unknown argument(s): importnce; allowed: kin_id, "
+                                "content, category, subject, importance, shared, reason.")
+    assert "unknown argument(s): kinid, team_id; allowed: kin_id, query, limit, category." in error_text(extra)
+    assert "unknown argument(s): with_messages; allowed: session_id." in error_text(session_extra)
+    assert not Memory.objects.exists()
+
+
 def test_an_unknown_tool_answers_an_error(mcp_url, mcp_token):
     result = call(mcp_url, mcp_token, "memory_forget_everything", {})
 

@@ -3,6 +3,7 @@
 node's tests (tests/workflows/nodes/test_http.py): TLS by host name over a pinned address,
 falling back across the checked addresses, and a deadline that covers the lookup too."""
 import ipaddress
+import re
 import shutil
 import socket
 import ssl
@@ -64,6 +65,24 @@ def test_the_allow_list_takes_addresses_networks_and_names():
         assert address_refusal(ipaddress.ip_address(refused), policy) is not None
     with pytest.raises(ValueError, match="10.0.0.0/33"):
         Policy.build(["10.0.0.0/33"])
+
+
+@pytest.mark.parametrize("entry, reason", [
+    ("https://intranet.example", "URL"), ("intranet.example:8080", "port"), ("*.intranet.example", "wildcard"),
+    ("intra net.example", "neither"), ("intranet..example", "neither"), ("-intranet.example", "neither"),
+    ("10.0.0.0/33", "neither"), ("[::1]", "neither"),
+])
+def test_a_malformed_allow_list_entry_is_refused_by_name(entry, reason):
+    problem = netguard.allow_list_problem(entry)
+    assert problem is not None and reason in problem
+    with pytest.raises(ValueError, match=re.escape(repr(entry))):
+        Policy.build(["127.0.0.1", entry])
+
+
+@pytest.mark.parametrize("entry", ["intranet.example", "Intranet.Example.", "files_svc", "localhost", "10.0.0.0/8",
+                                   "::1", "fd00::/8"])
+def test_well_formed_allow_list_entries_pass(entry):
+    assert netguard.allow_list_problem(entry) is None
 
 
 def test_allow_private_allows_all_but_metadata_unless_named():

@@ -96,3 +96,14 @@ def test_the_ssl_redirect_spares_the_health_check(client, settings):
     assert client.get("/api/v1/kins/", HTTP_X_FORWARDED_PROTO="https").status_code == 401
     # Load balancers probe over plain HTTP: a redirect would read as "down".
     assert client.get("/healthz").status_code in (200, 503)
+
+
+@pytest.mark.parametrize("entry", ["https://files.example", "files.example:8080", "10.0.0.0/33"])
+def test_a_malformed_workflow_allow_list_is_refused_at_start(tmp_path, entry):
+    # Refused when the settings load (web, worker, manage.py), not at the first fetch.
+    result = run(["manage.py", "check"], tmp_path, DEBUG="true", WORKFLOW_HTTP_ALLOWED_HOSTS=f"127.0.0.1,{entry}")
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "WORKFLOW_HTTP_ALLOWED_HOSTS" in result.stderr
+    assert repr(entry) in result.stderr, result.stderr[-2000:]
+    started = run(["manage.py", "check"], tmp_path, DEBUG="true", WORKFLOW_HTTP_ALLOWED_HOSTS="127.0.0.1,files.example")
+    assert started.returncode == 0, started.stderr[-2000:]

@@ -329,3 +329,37 @@ def test_posting_to_an_archived_session_answers_409_and_stores_nothing(api_clien
     assert error["code"] == "session_archived"
     assert error["details"] == {"session": chat_session.pk, "archived_at": archived_at.isoformat()}
     assert not Event.objects.filter(session=chat_session).exists()
+
+
+# --- import limits: no far-future times, no blank senders (issue 27) ---------------------
+
+
+@pytest.mark.parametrize("bad, field", [
+    pytest.param({"created_at": "9999-12-31T23:59:59Z"}, "created_at", id="year-9999"),
+    pytest.param({"created_at": "FUTURE"}, "created_at", id="two-days-ahead"),
+    pytest.param({"sender": ""}, "sender", id="empty-sender"),
+    pytest.param({"sender": "   "}, "sender", id="whitespace-sender"),
+])
+def test_import_refuses_far_future_times_and_blank_senders_by_index(api_client, chat_session, bad, field):
+    if bad.get("created_at") == "FUTURE":
+        bad = {"created_at": (datetime.now(UTC) + timedelta(days=2)).isoformat()}
+    messages = make_messages(3)
+    messages[2].update(bad)
+
+    response = api_client.post(import_url(chat_session), {"messages": messages}, format="json")
+
+    error = assert_api_error(response, 400)
+    assert field in json.dumps(error["details"])
+    details = error["details"]["messages"]
+    bad_entry = details["2"] if isinstance(details, dict) else details[2]
+    assert field in bad_entry
+    assert not Event.objects.exists()  # all or nothing: the two good messages are not kept
+
+
+def test_import_accepts_a_time_within_the_clock_skew_and_an_omitted_sender(api_client, chat_session):
+    soon = datetime.now(UTC) + timedelta(hours=1)  # another machine's clock a little ahead
+    message = {"content": "from a fast clock", "created_at": soon.isoformat()}
+    response = api_client.post(import_url(chat_session), [message], format="json")
+    assert response.status_code == 201, response.content
+    event = Event.objects.get()
+    assert event.sender == "" and abs((event.created_at - soon).total_seconds()) < 1

@@ -95,9 +95,13 @@ def _truncated(document) -> str:
          "invalid_document"),
         (lambda d: {**d, "kin": {**d["kin"], "overrides": {f"k{n}": n for n in range(50_000)}}}, "kin.overrides",
          "invalid_document"),
+        (lambda d: {**d, "events": [{**d["events"][0], "created_at": "9999-12-31T23:59:59+00:00"}, *d["events"][1:]]},
+         "events[0].created_at", "invalid_document"),
+        (lambda d: {**d, "events": [{**d["events"][0], "sender": "  "}, *d["events"][1:]]},
+         "events[0].sender", "invalid_document"),
     ],
     ids=["cut-in-half", "wrong-version", "other-format", "other-format-shape", "missing-key", "dangling-ref",
-         "not-an-object", "unknown-override-section", "oversized-overrides"],
+         "not-an-object", "unknown-override-section", "oversized-overrides", "year-9999", "blank-sender"],
 )
 def test_a_bad_document_answers_400_and_changes_nothing(api_client, full_kin, mangle, path, code):
     document = export(api_client, full_kin, "?sessions=1")
