@@ -22,7 +22,7 @@ class ErasureForm(forms.Form):
                              help_text="The name their messages carry.")
     subject = forms.CharField(max_length=200, required=False, label="Name in text",
                               help_text="Text naming them (whole words, any case).")
-    kin = forms.ModelChoiceField(queryset=Kin.objects.none(), required=False, empty_label="Every kin of the team")
+    kin = forms.ModelChoiceField(queryset=Kin.objects.all(), required=False, empty_label="Every kin of the team")
 
     def __init__(self, *args, team, **kwargs):
         super().__init__(*args, **kwargs)
