@@ -2,6 +2,7 @@ from rest_framework import serializers
 
 from erasure.models import Erasure
 from erasure.services import STORES
+from kinsite.selectors import MAX_ROW_ID
 
 NAME_MIN_CHARS = 2
 
@@ -11,7 +12,7 @@ class ErasureRequestSerializer(serializers.Serializer):
                                    help_text="The sender name the person's messages carry.")
     subject = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
                                     help_text="The name the person's text is found by (whole words, any case).")
-    kin_id = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1,
+    kin_id = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1, max_value=MAX_ROW_ID,
                                       help_text="Only this kin; empty: every kin of the team and its shared memories.")
     dry_run = serializers.BooleanField(required=False, default=False,
                                        help_text="List what would go, erase nothing, keep no receipt.")

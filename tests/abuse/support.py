@@ -18,6 +18,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import SchemaGenerator
 
 from consolidation.models import Fact
+from erasure.models import Erasure
 from kinsite.models import ApiToken, LLMCall
 from memories.models import Memory, MemoryChange
 from sessions_app.models import Turn
@@ -38,7 +39,7 @@ from tests.factories import (
 )
 
 API_PREFIX = "/api/v1/"
-PROJECT_APPS = ("kinsite", "sessions_app", "memories", "consolidation", "workflows", "auth")
+PROJECT_APPS = ("kinsite", "sessions_app", "memories", "consolidation", "workflows", "erasure", "auth")
 
 
 # --- the API, from its schema -------------------------------------------------------------------
@@ -129,8 +130,9 @@ def body_operations() -> list[Operation]:
 
 # What a path parameter names: "<kind>_id", or "id" after the collection it is in.
 COLLECTION_KINDS = {"kins": "kin", "sessions": "session", "memories": "memory", "turns": "turn",
-                    "workflows": "workflow", "nodes": "node", "tokens": "token"}
-ID_KINDS = {"kin", "session", "memory", "turn", "workflow", "node", "token", "model_call"}
+                    "workflows": "workflow", "nodes": "node", "tokens": "token",
+                    "erasures": "erasure"}
+ID_KINDS = {"kin", "session", "memory", "turn", "workflow", "node", "token", "model_call", "erasure"}
 
 
 def param_kind(path: str, name: str) -> str:
@@ -298,12 +300,13 @@ class Seeded:
     raw_token: str
     secret: str  # a word only this team's rows contain
     model_call: object
+    erasure: object
 
     @property
     def ids(self) -> dict[str, object]:
         return {"kin": self.kin.pk, "session": self.session.pk, "memory": self.memory.pk, "turn": self.turn.pk,
                 "workflow": self.workflow.pk, "node": self.node.client_id, "token": self.token.pk,
-                "model_call": self.model_call.pk}
+                "model_call": self.model_call.pk, "erasure": self.erasure.pk}
 
 
 def seed_team(team, *, secret: str, user=None) -> Seeded:
@@ -331,8 +334,11 @@ def seed_team(team, *, secret: str, user=None) -> Seeded:
     EdgeFactory(workflow=workflow, source=node, target=table)
     model_call = LLMCallFactory(team=team, kin=kin, status=LLMCall.Status.ERROR, error=f"The {secret} call failed.")
     token, raw = api_token_issue(team=team, name=f"token {secret}", user=user)
+    # Two receipts, so a list of them has more than one page at page size 1.
+    erasure = Erasure.objects.create(team=team, sender=f"Person {secret}", actor=f"token:{token.prefix}")
+    Erasure.objects.create(team=team, subject=f"Other {secret}", actor=f"token:{token.prefix}")
     return Seeded(kin=kin, session=session, memory=memory, turn=turn, workflow=workflow, node=node, token=token,
-                  raw_token=raw, secret=secret, model_call=model_call)
+                  raw_token=raw, secret=secret, model_call=model_call, erasure=erasure)
 
 
 # --- "nothing changed" --------------------------------------------------------------------------

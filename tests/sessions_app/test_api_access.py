@@ -12,6 +12,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
+from erasure.models import Erasure
 from kinsite.models import Kin
 from kinsite.services import api_token_issue, api_token_revoke
 from memories.models import Memory, MemoryChange
@@ -125,8 +126,12 @@ ENDPOINTS = [
     Endpoint("POST", "workflows/{id}/run/", "workflow"),
     # Both placeholders get the workflow's id; the node part never matters (the workflow is checked first).
     Endpoint("GET", "workflows/{id}/nodes/{id}/lineage/", "workflow", query="format=narrative"),
+    Endpoint("GET", "erasures/"),
+    Endpoint("POST", "erasures/", body={"sender": "Maria", "dry_run": True}),
+    Endpoint("GET", "erasures/{id}/", "erasure"),
 ]
-OWNER_MODELS = {"kin": Kin, "session": Session, "memory": Memory, "turn": Turn, "workflow": Workflow}
+OWNER_MODELS = {"kin": Kin, "session": Session, "memory": Memory, "turn": Turn, "workflow": Workflow,
+                "erasure": Erasure}
 OWNED_ENDPOINTS = [endpoint for endpoint in ENDPOINTS if endpoint.owner]
 
 
@@ -139,7 +144,8 @@ def seeded(team):
     turn = TurnFactory(session=session, user_message=message, status=Turn.Status.FAILED, error=SECRET)
     memory = _memory(team, kin, f"The {SECRET} plan is due in May.")
     workflow = _workflow(team, f"Workflow {SECRET}")
-    return {"kin": kin, "session": session, "memory": memory, "turn": turn, "workflow": workflow}
+    erasure = Erasure.objects.create(team=team, sender=f"Person {SECRET}", actor="user:test")
+    return {"kin": kin, "session": session, "memory": memory, "turn": turn, "workflow": workflow, "erasure": erasure}
 
 
 @pytest.fixture
@@ -154,7 +160,8 @@ def foreign(other_team):
     FactFactory(kin=kin, statement=f"Foreign: the {SECRET} fact.", source=Fact.Source.API)
     run = ConsolidationRunFactory(kin=kin, trigger="api", status="applied", summary_of_changes=SECRET)
     ExperienceVersionFactory(kin=kin, version=1, markdown=f"# Master AI Experience\n- {SECRET}", run=run)
-    return {"kin": kin, "session": session, "memory": memory, "turn": turn, "workflow": workflow}
+    erasure = Erasure.objects.create(team=other_team, sender=f"Foreign {SECRET}", actor="user:test")
+    return {"kin": kin, "session": session, "memory": memory, "turn": turn, "workflow": workflow, "erasure": erasure}
 
 
 def _workflow(team, name) -> Workflow:
