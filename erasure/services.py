@@ -268,12 +268,12 @@ def erasure_run(*, team: Team, kin: Kin | None, person: Person, actor: str, acto
     Summary.objects.filter(pk__in=[row.pk for row in rows["summaries"]]).delete()
     erased_event_ids = [row.pk for row in rows["messages"]]
     for turn in rows["turns"]:
-        turn.error = person.lines_redacted(turn.error)
-        turn.retry_reason = person.lines_redacted(turn.retry_reason)
-        if turn.status == Turn.Status.PENDING and turn.user_message_id in set(erased_event_ids):
-            turn.status, turn.finished_at = Turn.Status.FAILED, timezone.now()
-            turn.error = "Its message was erased before it ran."
-        turn.save(update_fields=["error", "retry_reason", "status", "finished_at"])
+        # Field by field, not save(): a worker may have claimed a turn since the plan read it.
+        Turn.objects.filter(pk=turn.pk).update(error=person.lines_redacted(turn.error),
+                                               retry_reason=person.lines_redacted(turn.retry_reason))
+        if turn.user_message_id in set(erased_event_ids):
+            Turn.objects.filter(pk=turn.pk, status=Turn.Status.PENDING).update(
+                status=Turn.Status.FAILED, finished_at=timezone.now(), error="Its message was erased before it ran.")
     streams = list(rows["turns"])
     Event.objects.filter(pk__in=erased_event_ids).delete()
     Memory.objects.filter(pk__in=[row.pk for row in rows["memories"]]).delete()
