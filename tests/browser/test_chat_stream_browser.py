@@ -4,6 +4,7 @@ composition does not send), one send at a time, a refused post gives the text ba
 failed turn keeps the message with its error, and the session panel refreshes after a
 command without a page load."""
 import threading
+import time
 from itertools import pairwise
 
 import pytest
@@ -261,6 +262,10 @@ def test_on_a_phone_keyboard_enter_adds_a_line_and_the_button_sends(browser, liv
                                   is_mobile=True, has_touch=True)
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
+    in_flight = set()
+    page.on("request", lambda request: in_flight.add(request))
+    page.on("requestfinished", lambda request: in_flight.discard(request))
+    page.on("requestfailed", lambda request: in_flight.discard(request))
     try:
         log_in(page, username=browser_user.username, password=PASSWORD)
         scripted.add("Got both lines.")
@@ -278,5 +283,10 @@ def test_on_a_phone_keyboard_enter_adds_a_line_and_the_button_sends(browser, liv
         page.locator("#chat-form button[type=submit]").tap()
         expect(page.locator("#conversation")).to_contain_text("Got both lines.")
         assert user_messages(chat)[-1] == "first line\nsecond line"
+        # The stream's end and the panel refresh after it: no request may still be served when
+        # the test's database is flushed (a live-server thread would find it locked).
+        deadline = time.monotonic() + 10
+        while in_flight and time.monotonic() < deadline:
+            page.wait_for_timeout(50)
     finally:
         context.close()
