@@ -266,12 +266,12 @@ def erasure_run(*, team: Team, kin: Kin | None, person: Person, actor: str, acto
     rows = plan.rows
     # Summaries first: they hold their covered events (PROTECT).
     Summary.objects.filter(pk__in=[row.pk for row in rows["summaries"]]).delete()
-    erased_event_ids = [row.pk for row in rows["messages"]]
+    erased_event_ids = {row.pk for row in rows["messages"]}
     for turn in rows["turns"]:
         # Field by field, not save(): a worker may have claimed a turn since the plan read it.
         Turn.objects.filter(pk=turn.pk).update(error=person.lines_redacted(turn.error),
                                                retry_reason=person.lines_redacted(turn.retry_reason))
-        if turn.user_message_id in set(erased_event_ids):
+        if turn.user_message_id in erased_event_ids:
             Turn.objects.filter(pk=turn.pk, status=Turn.Status.PENDING).update(
                 status=Turn.Status.FAILED, finished_at=timezone.now(), error="Its message was erased before it ran.")
     streams = list(rows["turns"])
@@ -285,9 +285,9 @@ def erasure_run(*, team: Team, kin: Kin | None, person: Person, actor: str, acto
         )
     Fact.objects.filter(pk__in=[row.pk for row in rows["facts"]]).delete()
     new_versions = []
+    replaced = {f.id for f in plan.findings if f.store == "experience_versions" and f.action == NEW_VERSION}
     for version in rows["experience_versions"]:
-        if any(f.store == "experience_versions" and f.id == version.pk and f.action == NEW_VERSION
-               for f in plan.findings):
+        if version.pk in replaced:
             markdown = person.lines_without(version.markdown)
             new_versions.append(ExperienceVersion.objects.create(
                 kin_id=version.kin_id, version=version.version + 1, markdown=markdown,

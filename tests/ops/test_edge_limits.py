@@ -4,12 +4,8 @@ and closes a request whose body does not come, and still serves ordinary request
 that trickles in included. Raw sockets, since an HTTP client would not send these. The
 server tests run in the PostgreSQL pass (the served process reads the test database)."""
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,9 +14,9 @@ from django.conf import settings
 from kinsite.services import api_token_issue
 from sessions_app.models import Event
 from tests.factories import KinFactory, SessionFactory, TeamFactory
-from tests.ops.test_deployment import committed_database_url, spare_redis_url, stop_all, wait_until
+from tests.ops.test_deployment import spare_redis_url, stop_all, wait_until
 from tests.ops.test_serve_command import REPO, free_port
-from tests.ops.test_streams_served import procfile_web
+from tests.ops.test_streams_served import procfile_web, procfile_web_start
 
 STARTUP_SECONDS = 40
 READ_TIMEOUT = 2
@@ -55,24 +51,10 @@ def head(path: str, *extra: bytes, method: str = "GET") -> bytes:
 @pytest.fixture
 def web(transactional_db, tmp_path):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLM_", "API_RATE_"))}
-    env.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        DJANGO_SETTINGS_MODULE="kinsite.settings",
-        DATABASE_URL=committed_database_url(),
-        REDIS_URL=spare_redis_url() if settings.REDIS_URL else "",
-        CELERY_TASK_ALWAYS_EAGER="true",
-        DEBUG="false",
-        KINSITE_DATA_DIR=str(tmp_path / "data"),
-        INTROSPECTION_ENABLED="false",
-        PORT=str(port),
-        WEB_CONCURRENCY="1",
-        WEB_READ_TIMEOUT_SECONDS=str(READ_TIMEOUT),
+    process, log_path = procfile_web_start(
+        tmp_path, port=port, REDIS_URL=spare_redis_url() if settings.REDIS_URL else "",
+        CELERY_TASK_ALWAYS_EAGER="true", WEB_READ_TIMEOUT_SECONDS=str(READ_TIMEOUT),
     )
-    log_path = tmp_path / "web.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(["sh", "-c", f"exec {procfile_web()}"], cwd=REPO, env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
 
     def health():
         try:

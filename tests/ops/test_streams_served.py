@@ -36,6 +36,28 @@ def procfile_web() -> str:
     raise AssertionError("the Procfile has no web line")
 
 
+def procfile_web_start(tmp_path, *, port: int, **env_overrides) -> tuple[subprocess.Popen, Path]:
+    """The Procfile's web line as production runs it (one worker, DEBUG off) against the test
+    database, with `env_overrides` on top; the process and its log file."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLM_", "API_RATE_"))}
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        DJANGO_SETTINGS_MODULE="kinsite.settings",
+        DATABASE_URL=committed_database_url(),
+        DEBUG="false",
+        KINSITE_DATA_DIR=str(tmp_path / "data"),
+        INTROSPECTION_ENABLED="false",
+        PORT=str(port),
+        WEB_CONCURRENCY="1",
+        **env_overrides,
+    )
+    log_path = tmp_path / "web.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(["sh", "-c", f"exec {procfile_web()}"], cwd=REPO, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    return process, log_path
+
+
 def test_open_streams_do_not_starve_other_requests(transactional_db, tmp_path, fake_llm):
     if not settings.REDIS_URL:
         pytest.skip("needs REDIS_URL (the PostgreSQL + Redis pass)")
@@ -47,28 +69,11 @@ def test_open_streams_do_not_starve_other_requests(transactional_db, tmp_path, f
                 for n in range(OPEN_STREAMS)]
 
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLM_", "API_RATE_"))}
-    env.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        DJANGO_SETTINGS_MODULE="kinsite.settings",
-        DATABASE_URL=committed_database_url(),
-        REDIS_URL=spare_redis_url(),
-        CELERY_TASK_ALWAYS_EAGER="false",
-        DEBUG="false",
-        KINSITE_DATA_DIR=str(tmp_path / "data"),
-        LLM_BASE_URL=fake_llm.base_url,
-        LLM_API_KEY="test-key",
-        LLM_MODEL="fake-model",
-        LLM_MAX_RETRIES="0",
+    web, log_path = procfile_web_start(
+        tmp_path, port=port, REDIS_URL=spare_redis_url(), CELERY_TASK_ALWAYS_EAGER="false",
+        LLM_BASE_URL=fake_llm.base_url, LLM_API_KEY="test-key", LLM_MODEL="fake-model", LLM_MAX_RETRIES="0",
         LLM_TIMEOUT_SECONDS="60",
-        INTROSPECTION_ENABLED="false",
-        PORT=str(port),
-        WEB_CONCURRENCY="1",
     )
-    log_path = tmp_path / "web.log"
-    with log_path.open("wb") as log:
-        web = subprocess.Popen(["sh", "-c", f"exec {procfile_web()}"], cwd=REPO, env=env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
     processes, logs = {"web": web}, {"web": log_path}
     base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {token}"}
