@@ -40,7 +40,7 @@ from memories.api.serializers import (
 )
 from memories.models import Memory
 from memories.selectors import memory_get, memory_list
-from sessions_app import selectors as session_selectors, turns
+from sessions_app import selectors as session_selectors
 from sessions_app.api.serializers import (
     HistoryHitSerializer,
     HistorySearchQuerySerializer,
@@ -51,6 +51,7 @@ from sessions_app.api.serializers import (
     turn_posted_body,
 )
 from sessions_app.models import Session
+from sessions_app.turns import services as turns
 from sessions_app.turns.preview import prompt_preview as session_prompt_preview
 from workflows.api.serializers import LineageQuerySerializer
 from workflows.models import Workflow

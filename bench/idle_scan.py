@@ -78,7 +78,7 @@ def main() -> None:
         from django.test.utils import CaptureQueriesContext
         from django.utils import timezone
 
-        from sessions_app.introspection import idle_sessions_due, idle_sessions_flagged
+        from sessions_app.introspection.services import idle_sessions_due, idle_sessions_flagged
 
         call_command("migrate", verbosity=0)
         started = time.perf_counter()

@@ -6,7 +6,7 @@ from consolidation.models import ConsolidationRun
 from consolidation.services import ConsolidationBusy, NothingToConsolidate, consolidation_run
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from kinsite.models import Kin
-from sessions_app.introspection import IntrospectionDisabled, introspection_request
+from sessions_app.introspection.services import IntrospectionDisabled, introspection_request
 from sessions_app.models import CompactionRun, Event, IntrospectionRun, MessageCount, Session, Summary, Turn
 from sessions_app.overrides import HISTORY_TOKEN_BUDGET_RANGE, overrides_errors
 

@@ -9,8 +9,8 @@ class SessionsAppConfig(AppConfig):
         # The kinds of background job whose lost or stalled work kinsite.jobs' sweeps take over.
         from kinsite.jobs import job_kinds_register
         from sessions_app.compaction import COMPACTION_JOBS
-        from sessions_app.introspection import INTROSPECTION_JOBS
-        from sessions_app.turns import TURN_JOBS
+        from sessions_app.introspection.jobs import INTROSPECTION_JOBS
+        from sessions_app.turns.jobs import TURN_JOBS
 
         job_kinds_register(TURN_JOBS, INTROSPECTION_JOBS, COMPACTION_JOBS)
 

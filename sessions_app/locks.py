@@ -6,7 +6,7 @@ The Redis lock has a lease, so a killed worker cannot block a session for ever; 
 turn renews it before each model call (`SessionLock.refresh`). When Redis does not
 answer, taking or renewing the lock raises LockUnavailable (503), and a renewal after the
 lease ran out LockLost: turns of a session must not interleave, so no turn runs without it
-(sessions_app.turns puts such a turn back in the queue)."""
+(sessions_app.turns.jobs puts such a turn back in the queue)."""
 from __future__ import annotations
 
 import threading

@@ -162,7 +162,7 @@ class Turn(models.Model):
     tokens_out = models.PositiveIntegerField(default=0)
     # How many times a process started running the turn: a sync turn once when posted, and
     # once more at each claim by a session lock holder (a task after its process stopped).
-    # After a few it is failed instead (sessions_app.turns.TURN_MAX_ATTEMPTS).
+    # After a few it is failed instead (sessions_app.turns.jobs.TURN_MAX_ATTEMPTS).
     attempts = models.PositiveSmallIntegerField(default=0)
     # How many times our own service stopped the turn before its reply (Redis or the broker
     # unreachable, the session lock lost or waited out) and put it back to pending, for

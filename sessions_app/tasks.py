@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 # again), and a killed worker's turn is picked up again by acks_late (turn_run is idempotent).
 @shared_task(name="sessions_app.turn_tasks.run_turn_task")
 def run_turn_task(turn_id: int) -> None:
-    from sessions_app.turns import turn_run
+    from sessions_app.turns.services import turn_run
 
     turn_run(turn_id=turn_id)
 
@@ -48,7 +48,7 @@ def compact_session_task(self, run_id: int) -> None:
 # scan (or the next trigger) runs it again; the task itself does not retry a failed run.
 @shared_task(bind=True, max_retries=5)
 def introspect_session_task(self, run_id: int) -> None:
-    from sessions_app.introspection import IntrospectionBusy, introspection_skip, session_introspect
+    from sessions_app.introspection.services import IntrospectionBusy, introspection_skip, session_introspect
 
     try:
         session_introspect(run_id=run_id)
@@ -69,6 +69,6 @@ def introspect_session_task(self, run_id: int) -> None:
 @shared_task
 def scan_idle_sessions_task() -> int:
     """Every minute (beat): request an introspection of each idle session that is due."""
-    from sessions_app.introspection import introspection_idle_scan
+    from sessions_app.introspection.services import introspection_idle_scan
 
     return len(introspection_idle_scan())

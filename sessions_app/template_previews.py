@@ -5,7 +5,7 @@ from kinsite.errors import InvalidInput
 from kinsite.models import Kin
 from kinsite.prompt_templates import TemplatePreview, TemplatePreviewer, template_preview_of
 from sessions_app.compaction import compaction_preview
-from sessions_app.introspection import introspection_preview
+from sessions_app.introspection.converse import introspection_preview
 from sessions_app.models import Session
 
 SESSIONS_OFFERED = 50

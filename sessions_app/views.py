@@ -1,7 +1,7 @@
 """Dashboard pages for a session: the chat (post with or without htmx; the reply is
 swapped in, with the tool calls that led to it folded underneath), the prompt
 preview beside it, and the introspection panel below (working memory, description,
-the recent runs and a "Checkpoint now" button). Posting calls sessions_app.turns.turn_post,
+the recent runs and a "Checkpoint now" button). Posting calls sessions_app.turns.services.turn_post,
 the preview sessions_app.prompt.prompt_assemble and the checkpoint
 sessions_app.introspection.introspection_request, the same services the API calls. With
 JavaScript (kinsite/static/kinsite/chat.js) a post streams instead: session_post_stream
@@ -35,13 +35,15 @@ from kinsite.models import LLMCall
 from kinsite.prompt_safety import one_line_problem
 from kinsite.selectors import kin_get
 from kinsite.views import can_manage, managers_only, render_partial_or_page, team_required, wants_partial
-from sessions_app import activity, selectors, services, turns
+from sessions_app import activity, selectors, services
 from sessions_app.compaction import latest_summary
 from sessions_app.forms import SessionCreateForm, SessionRenameForm
-from sessions_app.introspection import IntrospectionDisabled, introspection_request, introspection_settings
+from sessions_app.introspection.converse import introspection_settings
+from sessions_app.introspection.services import IntrospectionDisabled, introspection_request
 from sessions_app.locks import SessionBusy
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.prompt import prompt_assemble
+from sessions_app.turns import services as turns
 from sessions_app.turns.stream import turn_event_stream, turn_post_streamed
 
 # The newest page comes first: a chat opens on its latest messages.
@@ -557,7 +559,7 @@ def _entries_html(entries: list[ChatEntry], *, request=None) -> str:
 @require_POST
 @team_required
 def session_turn_retry(request, session_id: int, turn_id: int):
-    """Retry a failed turn (sessions_app.turns.turn_retry, as the API's POST /turns/{id}/retry/):
+    """Retry a failed turn (sessions_app.turns.services.turn_retry, as the API's POST /turns/{id}/retry/):
     its stored message is answered again, not posted twice. Without htmx: back to the
     session, at the message. With htmx: the turn's entries, replacing the failed one; a turn
     still running (a worker has it) polls session_turn_entries until it ends. A turn that

@@ -14,7 +14,7 @@ from kinsite.api.renderers import EventStreamMixin, EventStreamRenderer
 from kinsite.api.throttles import TokenRateThrottle
 from kinsite.models import Kin
 from kinsite.selectors import kin_get, kin_list, kin_ref
-from sessions_app import introspection, selectors, services, turns
+from sessions_app import selectors, services
 from sessions_app.api.serializers import (
     HistoryHitSerializer,
     HistorySearchQuerySerializer,
@@ -32,7 +32,9 @@ from sessions_app.api.serializers import (
     TurnSerializer,
     turn_posted_body,
 )
+from sessions_app.introspection import services as introspection
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
+from sessions_app.turns import services as turns
 from sessions_app.turns.preview import prompt_preview
 from sessions_app.turns.stream import turn_event_stream, turn_post_streamed
 

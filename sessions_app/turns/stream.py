@@ -39,7 +39,6 @@ from rest_framework.utils.encoders import JSONEncoder
 
 from kinsite.api.errors import error_body
 from sessions_app.models import Event, Session, Turn
-from sessions_app.turns import UNFINISHED, turn_post
 from sessions_app.turns.events import (
     DELTA,
     END,
@@ -51,6 +50,8 @@ from sessions_app.turns.events import (
     turn_events_aread,
     turn_events_read,
 )
+from sessions_app.turns.jobs import UNFINISHED
+from sessions_app.turns.services import turn_post
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from kinsite.llm.types import LLMHTTPError
 from kinsite.tools import ToolContext
 from memories.models import Memory
 from memories.services import Actor
-from sessions_app.introspection import introspection_request
+from sessions_app.introspection.services import introspection_request
 from sessions_app.models import Session
 from sessions_app.prompt import prompt_assemble
 from sessions_app.tasks import introspect_session_task
-from sessions_app.turns import turn_post
+from sessions_app.turns.services import turn_post
 from sessions_app.turns.tools import RECORD_LEARNING_TOOL, kin_toolset
 from tests.consolidation.conftest import add_fact, answer, document
 from tests.factories import ExperienceVersionFactory, MemoryFactory, MessageFactory

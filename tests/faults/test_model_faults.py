@@ -10,7 +10,7 @@ from consolidation.models import ConsolidationRun
 from kinsite.models import LLMCall
 from memories.models import Memory
 from sessions_app.compaction import compaction_needed, compaction_request
-from sessions_app.introspection import introspection_request
+from sessions_app.introspection.services import introspection_request
 from sessions_app.models import Event, Session, Summary, Turn
 from sessions_app.tasks import compact_session_task, introspect_session_task
 from tests.consolidation.conftest import add_fact, answer, state_of

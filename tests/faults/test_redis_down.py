@@ -19,7 +19,7 @@ from consolidation.models import ConsolidationRun
 from kinsite.jobs import job_queued_key
 from kinsite.models import LLMCall
 from sessions_app.models import Event, IntrospectionRun, Turn
-from sessions_app.turns import TURN_JOBS, turns_requeue
+from sessions_app.turns.jobs import TURN_JOBS, turns_requeue
 from tests.factories import MessageFactory
 from tests.faults.conftest import wait_for
 from tests.sessions_app.test_api_access import assert_api_error

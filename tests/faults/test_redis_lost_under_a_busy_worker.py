@@ -9,7 +9,7 @@ import pytest
 from django.db.models import F
 
 from sessions_app.models import Event, Turn
-from sessions_app.turns import turn_stalled_after, turns_recover_stalled, turns_requeue
+from sessions_app.turns.jobs import turn_stalled_after, turns_recover_stalled, turns_requeue
 from tests.factories import SessionFactory
 from tests.faults.conftest import wait_for
 

@@ -19,11 +19,11 @@ from django.db.models import F
 from kinsite.services import api_token_issue
 from kinsite.tasks import recover_stalled_jobs_task, requeue_jobs_task
 from memories.models import Memory
-from sessions_app import introspection
-from sessions_app.introspection import introspection_recover_stalled, introspection_requeue, run_stalled_after
+from sessions_app.introspection import jobs as introspection
+from sessions_app.introspection.jobs import introspection_recover_stalled, introspection_requeue, run_stalled_after
 from sessions_app.locks import LOCK_KEY as TURN_LOCK_KEY
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
-from sessions_app.turns import turn_stalled_after, turns_recover_stalled, turns_requeue
+from sessions_app.turns.jobs import turn_stalled_after, turns_recover_stalled, turns_requeue
 from tests.factories import IntrospectionRunFactory, MessageFactory, SessionFactory, TurnFactory
 from tests.faults.conftest import wait_for
 from tests.ops.test_deployment import committed_database_url

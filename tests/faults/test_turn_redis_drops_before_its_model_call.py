@@ -8,7 +8,7 @@ import pytest
 from django.db.models import F
 
 from sessions_app.models import Event, Turn
-from sessions_app.turns import turns_requeue
+from sessions_app.turns.jobs import turns_requeue
 from tests.faults.conftest import wait_for
 
 pytestmark = pytest.mark.postgres

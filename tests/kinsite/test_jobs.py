@@ -29,10 +29,12 @@ from sessions_app.compaction import (
     compaction_stalled_after,
     latest_summary,
 )
-from sessions_app.introspection import INTROSPECTION_JOBS, introspection_request
+from sessions_app.introspection.jobs import INTROSPECTION_JOBS
+from sessions_app.introspection.services import introspection_request
 from sessions_app.models import CompactionRun, Event, IntrospectionRun, Summary, Turn
 from sessions_app.tasks import compact_session_task, introspect_session_task, run_turn_task
-from sessions_app.turns import TURN_JOBS, turn_post
+from sessions_app.turns.jobs import TURN_JOBS
+from sessions_app.turns.services import turn_post
 from tests.consolidation.conftest import add_fact, answer
 from tests.factories import MessageFactory
 from tests.sessions_app.test_compaction import BUDGET, FIRST_SUMMARY, chatter

@@ -12,7 +12,7 @@ from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.models import LLMCall
 from memories.models import Memory
 from sessions_app.compaction import compaction_request
-from sessions_app.introspection import introspection_request
+from sessions_app.introspection.services import introspection_request
 from sessions_app.models import CompactionRun, IntrospectionRun, Session, Summary
 from sessions_app.tasks import compact_session_task, introspect_session_task
 from tests.factories import MessageFactory

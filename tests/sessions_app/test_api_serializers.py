@@ -9,7 +9,7 @@ from rest_framework.renderers import JSONRenderer
 from sessions_app.api.serializers import HistoryHitSerializer, MessageSerializer, TurnSerializer, turn_posted_body
 from sessions_app.models import Event, Turn
 from sessions_app.selectors import history_search
-from sessions_app.turns import TurnFailed, turn_post
+from sessions_app.turns.services import TurnFailed, turn_post
 from tests.factories import MessageFactory, TurnFactory
 
 pytestmark = pytest.mark.usefixtures("fake_llm_gateway", "empty_cache")

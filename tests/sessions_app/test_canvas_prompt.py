@@ -7,7 +7,7 @@ import pytest
 from django.conf import settings
 
 from sessions_app.models import Session, Turn
-from sessions_app.turns import turn_post
+from sessions_app.turns.services import turn_post
 from tests.sessions_app.test_turn_queries import build_session, preview_of, queries_of, turn_with_a_tool_call
 from tests.sessions_app.test_turns import chat_requests
 from workflows import services

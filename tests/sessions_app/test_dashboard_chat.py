@@ -12,9 +12,9 @@ from django.urls import reverse
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMError
 from memories.models import Memory
-from sessions_app import turns
 from sessions_app.models import Event, Turn
 from sessions_app.prompt import prompt_assemble
+from sessions_app.turns import services as turns
 from tests.factories import KinFactory, MemoryFactory, MessageFactory, SessionFactory
 
 pytestmark = pytest.mark.django_db

@@ -11,12 +11,12 @@ from django.utils import timezone
 from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMHTTPError
 from memories.models import Memory, MemoryChange
-from sessions_app import introspection
-from sessions_app.introspection import (
+from sessions_app.introspection import services as introspection
+from sessions_app.introspection.converse import introspection_settings
+from sessions_app.introspection.services import (
     IntrospectionBusy,
     idle_sessions_due,
     introspection_request,
-    introspection_settings,
     session_introspect,
 )
 from sessions_app.introspection.tools import TOOL_NAMES

@@ -272,7 +272,8 @@ def test_the_admin_saves_overrides_in_range(client, kin):
 
 @pytest.mark.django_db
 def test_stored_out_of_range_overrides_are_ignored_when_read(team, settings):
-    from sessions_app.introspection import introspection_idle_scan, introspection_settings
+    from sessions_app.introspection.converse import introspection_settings
+    from sessions_app.introspection.services import introspection_idle_scan
     from tests.factories import KinFactory
 
     settings.INTROSPECTION = {**settings.INTROSPECTION, "max_tool_calls": 10, "idle_timeout_minutes": 10}

@@ -11,7 +11,7 @@ from kinsite.prompt_safety import folded
 from kinsite.prompt_templates import template_default
 from kinsite.tokencount import count_tokens
 from sessions_app.compaction import build_compaction_messages
-from sessions_app.introspection import _prompt as introspection_prompt, introspection_settings
+from sessions_app.introspection.converse import introspection_prompt, introspection_settings
 from sessions_app.models import Event, Summary
 from sessions_app.prompt.sections import (
     SECTION_TITLES,

@@ -12,26 +12,20 @@ from django.utils import timezone
 from kinsite import jobs
 from kinsite.jobs import job_queued_key
 from memories.models import Memory
-from sessions_app import introspection, turns
-from sessions_app.introspection import (
+from sessions_app.introspection import services as introspection
+from sessions_app.introspection.jobs import (
     INTROSPECTION_JOBS,
-    idle_sessions_due,
     introspection_recover_stalled,
-    introspection_request,
     introspection_requeue,
     run_stalled_after,
 )
+from sessions_app.introspection.services import idle_sessions_due, introspection_request
 from sessions_app.locks import session_lock
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
 from sessions_app.tasks import introspect_session_task
-from sessions_app.turns import (
-    TURN_MAX_ATTEMPTS,
-    turn_post,
-    turn_run,
-    turn_stalled_after,
-    turns_recover_stalled,
-    turns_requeue,
-)
+from sessions_app.turns import converse
+from sessions_app.turns.jobs import TURN_MAX_ATTEMPTS, turn_stalled_after, turns_recover_stalled, turns_requeue
+from sessions_app.turns.services import turn_post, turn_run
 from tests.factories import IntrospectionRunFactory, MessageFactory, TurnFactory
 from tests.support.clock import age
 
@@ -48,16 +42,16 @@ def dies_at_model_call(monkeypatch):
     """`dies_at_model_call(n)`: the turn's process dies when it makes its n-th model call."""
 
     def arm(n: int):
-        real_chat, calls = turns.llm_chat, []
+        real_chat, calls = converse.llm_chat, []
 
         def chat(**kwargs):
             calls.append(kwargs)
             if len(calls) == n:
-                monkeypatch.setattr(turns, "llm_chat", real_chat)  # the next process is healthy
+                monkeypatch.setattr(converse, "llm_chat", real_chat)  # the next process is healthy
                 raise ProcessKilled()
             return real_chat(**kwargs)
 
-        monkeypatch.setattr(turns, "llm_chat", chat)
+        monkeypatch.setattr(converse, "llm_chat", chat)
 
     return arm
 
@@ -251,7 +245,7 @@ def test_a_recovered_sync_turn_the_broker_did_not_take_is_sent_by_the_requeue_sw
     age(Turn.objects.filter(pk=turn.pk), "created_at", timedelta(minutes=10))
 
     def broker_down(kind, job_id):
-        raise turns.BrokerUnreachable("connection refused")
+        raise jobs.BrokerUnreachable("connection refused")
 
     with monkeypatch.context() as patch:
         patch.setattr(jobs, "job_send", broker_down)

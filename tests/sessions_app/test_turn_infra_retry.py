@@ -12,7 +12,8 @@ from django.core.cache import cache
 from kinsite.jobs import job_queued_key
 from sessions_app.locks import LockUnavailable, SessionLock, session_lock
 from sessions_app.models import Event, Turn
-from sessions_app.turns import TURN_JOBS, turn_retry, turns_requeue
+from sessions_app.turns.jobs import TURN_JOBS, turns_requeue
+from sessions_app.turns.services import turn_retry
 from tests.support.clock import age
 
 pytestmark = pytest.mark.usefixtures("fake_llm_gateway", "empty_cache")

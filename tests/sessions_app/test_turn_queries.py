@@ -12,7 +12,7 @@ from kinsite.tokencount import count_tokens
 from memories.models import Memory
 from sessions_app.models import Event, Turn
 from sessions_app.prompt import prompt_assemble
-from sessions_app.turns import turn_post
+from sessions_app.turns.services import turn_post
 from tests.factories import KinFactory, SessionFactory
 
 pytestmark = pytest.mark.usefixtures("fake_llm_gateway")

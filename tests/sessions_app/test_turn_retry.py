@@ -4,7 +4,7 @@ is answered once, a second retry starts no second run, and what cannot be retrie
 import pytest
 
 from sessions_app.models import Event, Turn
-from sessions_app.turns import turn_post, turn_retry
+from sessions_app.turns.services import turn_post, turn_retry
 from tests.factories import SessionFactory, TurnFactory
 from tests.sessions_app.test_api_access import assert_api_error
 
@@ -148,7 +148,7 @@ def test_a_retried_turn_runs_before_the_turns_posted_after_it(
 def test_a_turn_out_of_attempts_runs_once_more_when_retried(
     chat_session, fake_llm, django_capture_on_commit_callbacks
 ):
-    from sessions_app.turns import TURN_MAX_ATTEMPTS
+    from sessions_app.turns.jobs import TURN_MAX_ATTEMPTS
     from tests.factories import MessageFactory
 
     message = MessageFactory(session=chat_session, content="Still there?")

@@ -25,8 +25,8 @@ from django.utils import timezone
 from kinsite.services import api_token_issue
 from memories.models import Memory
 from sessions_app.models import Event, Turn
-from sessions_app.turns import turns_recover_stalled
 from sessions_app.turns.events import DELTA, turn_event_publish
+from sessions_app.turns.jobs import turns_recover_stalled
 from tests.factories import KinFactory, SessionFactory, TeamFactory
 from tests.support.fake_openai import FakeOpenAIServer
 from tests.support.sse import ServerSentEvent, sse_events

@@ -299,7 +299,7 @@ def test_another_teams_turn_answers_404(api_client, other_team, fake_llm):
 
 
 def test_running_a_queued_turn_twice_answers_once(chat_session, fake_llm, django_capture_on_commit_callbacks):
-    from sessions_app.turns import turn_post, turn_run
+    from sessions_app.turns.services import turn_post, turn_run
 
     fake_llm.reply("Once.")
     with django_capture_on_commit_callbacks(execute=False):
@@ -315,7 +315,7 @@ def test_running_a_queued_turn_twice_answers_once(chat_session, fake_llm, django
 
 
 def test_a_turn_left_running_by_a_dead_worker_is_run_again(chat_session, fake_llm, django_capture_on_commit_callbacks):
-    from sessions_app.turns import turn_post, turn_run
+    from sessions_app.turns.services import turn_post, turn_run
 
     with django_capture_on_commit_callbacks(execute=False):
         turn = turn_post(session=chat_session, content="Hi", sender="Maria", is_async=True)
@@ -333,7 +333,7 @@ def test_a_turn_left_running_by_a_dead_worker_is_run_again(chat_session, fake_ll
 
 def queue_without_running(session, texts, django_capture_on_commit_callbacks, sender="Maria"):
     """Async posts whose tasks are not sent (the on-commit enqueue is held back)."""
-    from sessions_app.turns import turn_post
+    from sessions_app.turns.services import turn_post
 
     with django_capture_on_commit_callbacks(execute=False):
         return [turn_post(session=session, content=text, sender=sender, is_async=True) for text in texts]
@@ -346,7 +346,7 @@ def test_queued_turns_run_in_post_order_whichever_task_comes_first(
     unfinished turn, so the replies follow the posts, and each model request ends at its own
     message: the earlier posts and their replies (stored after it, in that order) before it,
     the later posts nowhere."""
-    from sessions_app.turns import turn_run
+    from sessions_app.turns.services import turn_run
 
     texts = ["one?", "two?", "three?"]
     queued = queue_without_running(chat_session, texts, django_capture_on_commit_callbacks)
@@ -374,7 +374,7 @@ def test_a_sync_post_answers_the_earlier_queued_turns_first(
 ):
     """An async post still queued when a sync post arrives: the sync post runs it first (it
     holds the session lock), then its own; the queued turn's task later finds nothing to do."""
-    from sessions_app.turns import turn_run
+    from sessions_app.turns.services import turn_run
 
     [queued] = queue_without_running(chat_session, ["first?"], django_capture_on_commit_callbacks)
 

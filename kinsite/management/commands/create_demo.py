@@ -29,7 +29,7 @@ from memories.models import Memory
 from memories.services import Actor, memory_add
 from sessions_app.models import Event, Session
 from sessions_app.services import ImportItem, kin_create, messages_import, session_create
-from sessions_app.turns import TurnFailed, turn_post
+from sessions_app.turns.services import TurnFailed, turn_post
 from workflows.models import Workflow
 from workflows.services import document_clean, workflow_create, workflow_run_start
 
