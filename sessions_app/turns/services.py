@@ -64,14 +64,12 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
               is_async: bool = False, opened: Callable[[Turn], None] | None = None) -> Turn:
     """Post a user message to a session and answer it.
 
-    Sync: waits for the session lock, runs the turns posted before this one that are still
-    unanswered (async posts queued behind a running turn), then this one, and returns it
-    done, or raises TurnFailed (502) after recording the error on the turn, or ServiceUnavailable
-    (503) when Redis, holding the session lock, is down (before the turn: nothing stored).
-    `opened` is called with the turn once its message is stored and committed, before it
-    runs (a streamed post answers then, and follows the turn's events: turns/stream.py).
-    Async: stores the message and a pending turn and enqueues run_turn_task after commit;
-    poll the turn. With the broker down it raises TurnNotQueued (503), the turn kept.
+    Sync: under the session lock, runs the session's earlier unanswered turns, then this one,
+    and returns it done; raises TurnFailed (502) with the error recorded on the turn, or
+    ServiceUnavailable (503) when Redis is down. `opened` is called with the stored turn
+    before it runs (a streamed post answers then: stream.py).
+    Async: stores the message and a pending turn and queues its task after commit; raises
+    TurnNotQueued (503), the turn kept, when the broker is down.
     An archived session raises SessionArchived (409) before anything is stored."""
     session_check_open(session=session)
     if is_async:
@@ -109,20 +107,15 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
 
 
 def turn_run(*, turn_id: int) -> Turn | None:
-    """The task of a queued turn (the async path): run one turn of its session, the oldest
-    unfinished one, and return it (None if there was none).
+    """The task of a queued turn: run the session's oldest unfinished turn and return it (None
+    if there was none).
 
-    That is this turn unless an earlier one of the session is still unfinished: then the
-    earlier one runs here, and this turn's task is sent again, so every unfinished turn keeps
-    a task and each task runs one turn (within Celery's time limit). Turns thus run in post
-    order whichever task a worker takes first, and no turn waits on another that has no
-    task: the lock holder always has work it may do. A duplicate task (a redelivery, or
-    the requeue sweep's) is harmless: it runs the next turn early, or finds nothing. A turn
-    found running while we hold the session lock belonged to a process that stopped, so
-    it is run again (at most TURN_MAX_ATTEMPTS starts). A model failure is recorded on
-    the turn, not raised. A task that cannot take the session lock (the session stayed busy
-    for TURN_LOCK_WAIT_SECONDS, or Redis did not answer) puts its turn back in the queue
-    (turn_requeue_unstarted), for the requeue sweep to send again."""
+    If that is an earlier turn, this turn's task is sent again, so every unfinished turn
+    keeps a task and turns run in post order whichever task a worker takes first; a
+    duplicate task is harmless. A turn found running under the lock belonged to a process
+    that stopped, and runs again (at most TURN_MAX_ATTEMPTS starts). A model failure is
+    recorded on the turn, not raised. A task that cannot take the lock puts its turn back
+    in the queue (jobs.turn_requeue_unstarted)."""
     queued = Turn.objects.filter(pk=turn_id).values_list("session_id", "status").first()
     if queued is None:
         return None
@@ -155,21 +148,15 @@ def turn_run(*, turn_id: int) -> Turn | None:
 
 
 def turn_retry(*, turn: Turn) -> Turn:
-    """Run a failed turn again, with the user message it stored (no second message), and
-    return it, queued (pending) as an async post's turn is.
+    """Run a failed turn again with the message it stored, and return it pending.
 
-    Idempotent: a turn already pending or running (retried before, or never failed) is
-    returned as it is, so a double click starts one run. A turn that got its reply raises
-    TurnNotRetryable (409), as does one whose message was deleted; an archived session
-    raises SessionArchived (409). The way back to pending is a conditional UPDATE from
-    failed, so of two concurrent retries one wins. The turn then runs in the session's
-    order like any unfinished turn: the next lock holder runs the oldest unfinished turn
-    first, so a retried turn runs before the turns posted after it that still wait; its
-    prompt ends at its own message (with the tool rounds its failed attempt stored), and its
-    reply is stored when it comes, after whatever the session got meanwhile. `attempts`
-    keeps counting; `auto_retries` starts again from 0, so a turn the automatic retries gave
-    up on gets as many again. With the broker down it raises TurnNotQueued (503), the turn
-    kept pending for the requeue sweep."""
+    Idempotent: a turn already pending or running is returned as it is (a double click
+    starts one run). A turn that got its reply, or whose message was deleted, raises
+    TurnNotRetryable (409); an archived session raises SessionArchived (409). The conditional
+    UPDATE from failed lets one of two concurrent retries win. The turn then runs in the
+    session's order like any unfinished turn, its prompt ending at its own message.
+    `attempts` keeps counting; `auto_retries` starts again from 0. With the broker down it
+    raises TurnNotQueued (503), the turn kept pending for the requeue sweep."""
     session_check_open(session=turn.session)
     if turn.user_message_id is None:
         raise TurnNotRetryable(
@@ -214,13 +201,11 @@ _OLDEST_UNFINISHED_SQL = (
 
 
 def _turn_next(*, opened: Turn) -> Turn:
-    """Under the session lock, after a sync post stored `opened`: the turn to run next, as
-    _turn_oldest_unfinished gives it. Usually that is `opened` itself, whose row and message
-    this process wrote under this very lock: then one statement reads the session with its
-    kin and team (current, as they are read under the lock) and the id of the session's
-    oldest unfinished turn, and a copy of `opened` carries them (the original may be in a
-    stream's hands: turns/stream.py). Written as SQL, the subquery costs little to compile;
-    the five-table read of _turn_oldest_unfinished was a tenth of a turn's CPU."""
+    """Under the session lock, after a sync post stored `opened`: the turn to run next.
+    Usually `opened` itself: then one statement reads the session with its kin and team and
+    the id of its oldest unfinished turn, and a copy of `opened` carries them (the original
+    may be in a stream's hands). The SQL subquery is cheaper than the five-table read of
+    _turn_oldest_unfinished, once a tenth of a turn's CPU."""
     session = (
         Session.objects.select_related("kin__team")
         .annotate(next_turn_id=RawSQL(_OLDEST_UNFINISHED_SQL, UNFINISHED))
