@@ -102,8 +102,8 @@ def database_version(connection) -> str:
 def python_speed_ms(repeats: int = 7) -> float:
     """The best of `repeats` runs of a fixed pure-Python workload (dict updates, string
     formatting, integer arithmetic, a sort), in ms. The same machine has run the same
-    benchmark up to three times slower at some hours than at others (bench/README.md,
-    Latest figures), so every run records this next to its figures: compare runs whose
+    benchmark up to three times slower at some hours than at others (docs/benchmarks.md,
+    Current figures), so every run records this next to its figures: compare runs whose
     speed is alike, or scale by it. Lower is faster."""
     def workload():
         table: dict[str, int] = {}

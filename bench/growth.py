@@ -1,8 +1,8 @@
 """Growth curves (issue 19): history search, memory search and prompt assembly, through
 the API, at 1,000 / 10,000 / 100,000 messages in a session and 10,000 / 100,000 /
 1,000,000 memories in a team, all timed interleaved in one run on PostgreSQL, drawn as a
-PNG (bench/results/growth-postgresql.png) with the JSON beside it. See bench/README.md,
-"Growth curves".
+PNG (bench/results/growth-postgresql.png) with the JSON beside it. See docs/benchmarks.md,
+"Growth curves", and bench/JOURNAL.md for its runs.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/kinsite python bench/growth.py
     ... --no-million     # skip the team of 1,000,000 memories (the slowest load)

@@ -1,6 +1,6 @@
 """Memory-search growth benchmark (PostgreSQL): lexical search p95 at 10,000 memories
 against 1,000,000 in one team, by query kind, timed interleaved in one run. See
-bench/README.md, "Memory search at 1,000,000 memories".
+bench/JOURNAL.md, "Memory search at 1,000,000 memories".
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/kinsite python bench/memory_growth.py
 

@@ -40,7 +40,7 @@ VECTOR_DIMENSIONS = 384
 # VECTOR_DIMENSIONS by a fixed Gaussian matrix. Cosines stay about those of the bags (texts
 # sharing words point the same way), but vary around them, as real embeddings do. A sparse
 # bag in 384 slots put thousands of the corpus's memories at exactly one cosine from a
-# query, a plateau no HNSW graph search can cross (bench/README.md, issue 17).
+# query, a plateau no HNSW graph search can cross (bench/JOURNAL.md, issue 17).
 HASHED_WORDS = 4096
 _projection = None
 

@@ -20,7 +20,7 @@ os.environ.setdefault("SECRET_KEY", "kinsite-tests-only-secret-key-not-for-deplo
 
 
 def pytest_collection_modifyitems(config, items):
-    # Vendor-specific tests run in the pass of their database (README: the suite runs twice).
+    # Vendor-specific tests run in the pass of their database (docs/contributing.md: the suite runs twice).
     from django.conf import settings
 
     engine = settings.DATABASES["default"]["ENGINE"]

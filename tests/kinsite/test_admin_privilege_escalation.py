@@ -1,4 +1,4 @@
-"""Django admin and tenancy (SPEC §3, README "Dashboard and admin"): staff who are not
+"""Django admin and tenancy (SPEC §3, docs/dashboard.md "Admin"): staff who are not
 superusers see only their teams' rows. The user admin must not let such staff step out of
 that scope by making themselves (or anyone they can edit) a superuser: a superuser sees and
 changes every team's kins, sessions, memories and tokens.

@@ -1,10 +1,9 @@
 """create_demo gives every dashboard page something to show (pending facts, two experience
 versions, turns, an introspection run, a workflow run), lists those pages with their real
-ids, creates nothing new when run again, and the README's examples use ids it creates."""
+ids, creates nothing new when run again, and the documentation's examples (README.md, docs/) use ids it creates."""
 import json
 import re
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.apps import apps
@@ -14,11 +13,11 @@ from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from kinsite.models import ApiToken, Kin
 from memories.models import Memory
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
+from tests.support.docs import documentation_text
 from workflows.models import WorkflowRun
 
 pytestmark = pytest.mark.django_db
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 OUR_APPS = {"kinsite", "sessions_app", "memories", "consolidation", "workflows"}
 PAGE_LINE = re.compile(r"^  (\S+)\s+http://127\.0\.0\.1:8000(/\S*)$")
 
@@ -143,11 +142,14 @@ def test_second_run_reuses_everything_and_prints_the_same_lines(create_demo):
 @pytest.mark.django_db(transaction=True, reset_sequences=True)
 def test_readme_examples_use_ids_the_demo_creates(create_demo):
     _, demo = create_demo()
-    readme = README.read_text(encoding="utf-8")
-    # The JSON create_demo prints, as "The two commands" shows it.
-    shown = json.loads(re.search(r'```json\n(\{"token".*?\})\n```', readme, re.S)[1].replace("\n", " "))
-    assert {key: shown[key] for key in ("kin_id", "session_id", "workflow_id")} == {
-        key: demo[key] for key in ("kin_id", "session_id", "workflow_id")}
+    readme = documentation_text()
+    # The JSON create_demo prints, as the README's "The two commands" and docs/getting-started.md show it.
+    blocks = re.findall(r'```json\n(\{"token".*?\})\n```', readme, re.S)
+    assert blocks
+    for block in blocks:
+        shown = json.loads(block.replace("\n", " "))
+        assert {key: shown[key] for key in ("kin_id", "session_id", "workflow_id")} == {
+            key: demo[key] for key in ("kin_id", "session_id", "workflow_id")}
     # Every id in a curl example's path is a row the demo made, in the demo's team.
     exists = {
         "kins": lambda pk: Kin.objects.filter(pk=pk, team__slug=demo["team"]).exists(),

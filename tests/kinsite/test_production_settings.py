@@ -1,4 +1,4 @@
-"""Production settings (README "Deployment"): the built-in SECRET_KEY is refused when DEBUG
+"""Production settings (docs/deployment.md, "The settings that matter"): the built-in SECRET_KEY is refused when DEBUG
 is off, `manage.py check --deploy` is clean with the documented production environment, and
 the security and upload settings come from the environment. Each case starts a fresh
 Python process, since settings are read once, at start."""
@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# README "Deployment": the environment of a production machine behind a TLS proxy that sets
+# docs/deployment.md, "Checking the settings": the environment of a production machine behind a TLS proxy that sets
 # X-Forwarded-Proto (DATABASE_URL and REDIS_URL left out: check --deploy does not need them).
 PRODUCTION_ENV = {
     "SECRET_KEY": "q7Vd-2nKx9LwR4tY8zPb3Hm6JcF1sGe5UaXo0iNk7QyTrWvZlEjD",

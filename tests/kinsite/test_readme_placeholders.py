@@ -1,10 +1,11 @@
-"""The README's snippets that carry a token paste and run unchanged: their placeholder is
-plain ASCII (YOUR_TOKEN), so a forgotten one answers 401 instead of the client failing to
-encode a header (an "…" in a header is a UnicodeEncodeError in curl's shell and in httpx)."""
+"""The documentation's snippets (README.md, docs/) that carry a token paste and run
+unchanged: their placeholder is plain ASCII (YOUR_TOKEN), so a forgotten one answers 401
+instead of the client failing to encode a header (an "…" in a header is a UnicodeEncodeError
+in curl's shell and in httpx)."""
 import re
-from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from tests.support.docs import REPO, documentation_files
+
 # Shell snippets, and the JSON and client code that hold a token or a header.
 PASTEABLE = {"sh", "bash", "shell", "json", "jsonc", "python"}
 MENTIONS_A_TOKEN = re.compile(r"token|authorization|bearer|ks_", re.IGNORECASE)
@@ -25,9 +26,11 @@ def token_lines(text: str) -> list[tuple[int, str, str]]:
 
 
 def test_token_lines_of_code_blocks_are_ascii():
-    lines = token_lines(README.read_text(encoding="utf-8"))
+    lines = [(path.relative_to(REPO), number, line)
+             for path in documentation_files()
+             for number, _, line in token_lines(path.read_text(encoding="utf-8"))]
     assert any("YOUR_TOKEN" in line for _, _, line in lines)
-    assert [(number, line) for number, _, line in lines if not line.isascii()] == []
+    assert [(path, number, line) for path, number, line in lines if not line.isascii()] == []
 
 
 def test_the_check_finds_a_unicode_placeholder():

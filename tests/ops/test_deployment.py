@@ -1,5 +1,5 @@
-"""README "Deployment" on one machine, as written: the systemd units' ExecStart lines, read
-from the README, started the way systemd would (kinsite-web, kinsite-worker@1 and @2, one
+"""docs/deployment.md on one machine, as written: the systemd units' ExecStart lines, read
+from that page, started the way systemd would (kinsite-web, kinsite-worker@1 and @2, one
 kinsite-beat) against the test database and a spare Redis db. /healthz answers through
 gunicorn, both Celery workers answer a ping under their own node names, several async chat
 turns are answered and shared between the two workers (the model is the fake OpenAI
@@ -35,17 +35,16 @@ pytestmark = pytest.mark.postgres
 STARTUP_SECONDS = 40
 TURN_SECONDS = 30
 BEAT_SECONDS = 20
-# Where the README's units install the code; the test runs them from this checkout.
+# Where the documented units install the code; the test runs them from this checkout.
 INSTALL_DIR = "/srv/kinsite"
 ASYNC_TURNS = 8
 MODEL_DELAY_SECONDS = 0.4  # long enough that one worker cannot take every turn
 
 
 def readme_units() -> tuple[dict[str, dict[str, str]], list[str]]:
-    """The systemd units of the README's Deployment section ({unit: {key: value}}) and the
-    worker instances its `systemctl enable` line starts."""
-    readme = (REPO / "README.md").read_text()
-    deployment = readme.split("\n## Deployment\n", 1)[1].split("\n## ", 1)[0]
+    """The systemd units of docs/deployment.md ({unit: {key: value}}) and the worker
+    instances its `systemctl enable` line starts."""
+    deployment = (REPO / "docs" / "deployment.md").read_text()
     block = re.search(r"```ini\n(.*?)```", deployment, re.S).group(1)
     units: dict[str, dict[str, str]] = {}
     current = None

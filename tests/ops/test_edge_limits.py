@@ -1,4 +1,4 @@
-"""Limits at the edge (README "Limits at the edge"): the Procfile's web line, with a short
+"""Limits at the edge (docs/deployment.md, "Limits at the edge"): the Procfile's web line, with a short
 WEB_READ_TIMEOUT_SECONDS, refuses an oversized request line, header field or header count
 and closes a request whose body does not come, and still serves ordinary requests, a body
 that trickles in included. Raw sockets, since an HTTP client would not send these. The

@@ -74,7 +74,7 @@ def test_exhaustive_baseline_scores_every_match(figures):
     assert exhaustive["common_lexemes"]["26"]["count"] == 0 < default["common_lexemes"]["26"]["count"]
     assert exhaustive["mean_candidates"] > default["mean_candidates"] > 0
     # Measured equal at this size (0.562). Not a law: on the full run some lowered settings
-    # beat the baseline (README), because a candidate matching only common terms can still
+    # beat the baseline (bench/JOURNAL.md), because a candidate matching only common terms can still
     # be lifted into the top 10 by ranking's subject and recency factors.
     assert exhaustive["overall"]["recall@10"] >= default["overall"]["recall@10"]
 

@@ -1,5 +1,6 @@
-"""The README's run command on the embedded defaults: migrate, create_demo, runserver
-(scripts/serve minus the venv step) in a fresh data directory, checked over HTTP."""
+"""The README's run command (scripts/serve, docs/getting-started.md) on the embedded defaults:
+migrate, create_demo, runserver (scripts/serve minus the venv step) in a fresh data
+directory, checked over HTTP."""
 import json
 import os
 import re

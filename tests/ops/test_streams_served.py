@@ -1,4 +1,4 @@
-"""How streams are served in production (README "How streams are served"): the Procfile's
+"""How streams are served in production (docs/deployment.md, "How streams are served"): the Procfile's
 web line, with ONE worker process, keeps more streamed chat turns open than a threaded
 WSGI server would have threads, and still answers other requests meanwhile: /healthz, an
 API read and a non-streamed chat turn. The model is the fake OpenAI server, streaming over
