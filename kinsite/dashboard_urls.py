@@ -7,7 +7,7 @@ from consolidation import views as consolidation_views
 from erasure import views as erasure_views
 from kinsite import views
 from memories import views as memory_views
-from sessions_app import views as session_views
+from sessions_app.views import activity as activity_views, lifecycle as lifecycle_views, sessions as session_views
 from transfer import views as transfer_views
 from workflows import views as workflow_views
 
@@ -17,10 +17,10 @@ pages = [
     path("kins/new/", views.kin_create, name="kin_create"),
     path("kins/import/", transfer_views.kin_import_form, name="kin_import"),
     path("kins/<int:kin_id>/", views.kin_detail, name="kin_detail"),
-    path("kins/<int:kin_id>/activity/", session_views.kin_activity, name="kin_activity"),
+    path("kins/<int:kin_id>/activity/", activity_views.kin_activity, name="kin_activity"),
     path("kins/<int:kin_id>/edit/", views.kin_edit, name="kin_edit"),
     path("kins/<int:kin_id>/export/", transfer_views.kin_export_download, name="kin_export"),
-    path("kins/<int:kin_id>/sessions/new/", session_views.session_create, name="session_create"),
+    path("kins/<int:kin_id>/sessions/new/", lifecycle_views.session_create, name="session_create"),
     path("kins/<int:kin_id>/memories/", memory_views.memory_list, name="memory_list"),
     path("kins/<int:kin_id>/memories/add/", memory_views.memory_add, name="memory_add"),
     path("kins/<int:kin_id>/memories/<int:memory_id>/", memory_views.memory_detail, name="memory_detail"),
@@ -44,9 +44,9 @@ pages = [
     path("sessions/<int:session_id>/introspection/", session_views.session_introspection,
          name="session_introspection"),
     path("sessions/<int:session_id>/checkpoint/", session_views.session_checkpoint, name="session_checkpoint"),
-    path("sessions/<int:session_id>/rename/", session_views.session_rename, name="session_rename"),
-    path("sessions/<int:session_id>/archive/", session_views.session_archive, name="session_archive"),
-    path("sessions/<int:session_id>/unarchive/", session_views.session_unarchive, name="session_unarchive"),
+    path("sessions/<int:session_id>/rename/", lifecycle_views.session_rename, name="session_rename"),
+    path("sessions/<int:session_id>/archive/", lifecycle_views.session_archive, name="session_archive"),
+    path("sessions/<int:session_id>/unarchive/", lifecycle_views.session_unarchive, name="session_unarchive"),
     path("workflows/", workflow_views.workflow_list, name="workflows"),
     path("workflows/<int:workflow_id>/", workflow_views.workflow_detail, name="workflow_detail"),
     path("workflows/<int:workflow_id>/run/", workflow_views.workflow_run, name="workflow_run"),
@@ -55,7 +55,7 @@ pages = [
          name="workflow_node"),
     path("workflows/<int:workflow_id>/lineage/<str:fmt>/<path:client_id>/", workflow_views.node_lineage_download,
          name="workflow_node_export"),
-    path("activity/", session_views.team_activity, name="activity"),
+    path("activity/", activity_views.team_activity, name="activity"),
     path("model-calls/<int:model_call_id>/", views.model_call_detail, name="model_call_detail"),
     path("help/model/", views.model_help, name="model_help"),
     path("tokens/", views.token_list, name="tokens"),
