@@ -7,18 +7,23 @@ from consolidation import views as consolidation_views
 from erasure import views as erasure_views
 from kinsite import views
 from memories import views as memory_views
-from sessions_app.views import activity as activity_views, lifecycle as lifecycle_views, sessions as session_views
+from sessions_app.views import (
+    activity as activity_views,
+    kins as kin_views,
+    lifecycle as lifecycle_views,
+    sessions as session_views,
+)
 from transfer import views as transfer_views
 from workflows import views as workflow_views
 
 pages = [
     path("", views.home, name="home"),
-    path("kins/", views.kin_list, name="kins"),
-    path("kins/new/", views.kin_create, name="kin_create"),
+    path("kins/", kin_views.kin_list, name="kins"),
+    path("kins/new/", kin_views.kin_create, name="kin_create"),
     path("kins/import/", transfer_views.kin_import_form, name="kin_import"),
-    path("kins/<int:kin_id>/", views.kin_detail, name="kin_detail"),
+    path("kins/<int:kin_id>/", kin_views.kin_detail, name="kin_detail"),
     path("kins/<int:kin_id>/activity/", activity_views.kin_activity, name="kin_activity"),
-    path("kins/<int:kin_id>/edit/", views.kin_edit, name="kin_edit"),
+    path("kins/<int:kin_id>/edit/", kin_views.kin_edit, name="kin_edit"),
     path("kins/<int:kin_id>/export/", transfer_views.kin_export_download, name="kin_export"),
     path("kins/<int:kin_id>/sessions/new/", lifecycle_views.session_create, name="session_create"),
     path("kins/<int:kin_id>/memories/", memory_views.memory_list, name="memory_list"),
