@@ -1,27 +1,22 @@
-"""Dashboard pages: the team's kins, a kin (with "New kin" and "Edit" for team owners and
-admins), a model call, API tokens (a session's pages and the activity pages are in
-sessions_app.views). Every read goes through a selector scoped to the signed-in user's team;
-other teams' objects answer 404. Kins are written through sessions_app.services, with the
-API's rules (sessions_app.forms)."""
+"""The dashboard's shell and kinsite's own pages. The shell: team_required (the signed-in
+user's team, for every app's pages), the htmx partial-or-page helper and who may manage.
+The pages: home, a model call, the model help page and API tokens (each app's pages live in
+its own views; the project URLconf, kinsite/urls.py, puts them all under "dashboard"). Every
+read goes through a selector scoped to the signed-in user's team; other teams' objects
+answer 404."""
 from functools import wraps
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods
 
 from kinsite.llm.providers import chat_model_configured, get_default_provider
 from kinsite.models import Membership
-from kinsite.selectors import api_token_list, kin_get, llm_call_get, team_for_user
+from kinsite.selectors import api_token_list, llm_call_get, team_for_user
 from kinsite.services import api_token_issue, api_token_revoke
-from sessions_app import selectors as sessions, services as session_services
-from sessions_app.forms import KinForm
-
-SEARCH_MAX_CHARS = 100
-
 
 NUL_REFUSED = "The request contains a NUL character (\\0), which Kinsite cannot store or look up."
 
@@ -86,58 +81,6 @@ def managers_only(what: str):
 @login_required
 def home(request):
     return redirect("dashboard:kins")
-
-
-@team_required
-def kin_list(request):
-    name_query = request.GET.get("q", "").strip()[:SEARCH_MAX_CHARS]
-    kins = sessions.kin_list_with_stats(team=request.team, name_query=name_query)
-    context = {"kins": kins, "q": name_query, "can_manage": can_manage(request)}
-    return render_partial_or_page(request, partial="dashboard/_kin_rows.html", page="dashboard/kins.html",
-                                  context=context)
-
-
-@team_required
-def kin_detail(request, kin_id: int):
-    """A kin and its sessions, most recent first; archived ones only with ?archived=1."""
-    kin = kin_get(team=request.team, kin_id=kin_id)
-    show_archived = request.GET.get("archived") == "1"
-    context = {
-        "kin": kin,
-        "chat_sessions": sessions.session_list_with_counts(team=request.team, kin=kin,
-                                                           include_archived=show_archived),
-        "show_archived": show_archived,
-        "archived_count": sessions.session_archived_count(team=request.team, kin=kin),
-        "can_manage": can_manage(request),
-    }
-    return render(request, "dashboard/kin_detail.html", context)
-
-
-@team_required
-def kin_create(request):
-    """The "New kin" form; a valid post creates the kin and goes to its page, an invalid one
-    shows the form again (400) with its errors, nothing stored."""
-    if not can_manage(request):
-        return managers_only("create kins")
-    form = KinForm(request.POST or None, team=request.team)
-    if request.method == "POST" and form.is_valid():
-        kin = session_services.kin_create(team=request.team, **form.validated)
-        return redirect(reverse("dashboard:kin_detail", args=[kin.pk]) + "?created=1")
-    status = 400 if request.method == "POST" else 200
-    return render(request, "dashboard/kin_form.html", {"form": form, "kin": None}, status=status)
-
-
-@team_required
-def kin_edit(request, kin_id: int):
-    kin = kin_get(team=request.team, kin_id=kin_id)
-    if not can_manage(request):
-        return managers_only("edit kins")
-    form = KinForm(request.POST or None, team=request.team, instance=kin)
-    if request.method == "POST" and form.is_valid():
-        session_services.kin_update(kin=kin, **form.validated)
-        return redirect(reverse("dashboard:kin_detail", args=[kin.pk]) + "?saved=1")
-    status = 400 if request.method == "POST" else 200
-    return render(request, "dashboard/kin_form.html", {"form": form, "kin": kin}, status=status)
 
 
 @team_required

@@ -1,4 +1,4 @@
-"""The dashboard's streamed chat post (sessions_app.views.session_post_stream, for chat.js)
+"""The dashboard's streamed chat post (sessions_app.views.sessions.session_post_stream, for chat.js)
 through Django's test client: the events of a turn with the entries rendered as the page shows
 them, commands, a failing model, and the edges: login, team roles, CSRF, another team's
 session, refused input (nothing stored). The turn runs in a thread of its own (as in the web

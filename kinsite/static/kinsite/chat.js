@@ -1,5 +1,5 @@
 // The session chat, streamed: the form posts to its data-stream-url, which answers the turn as
-// server-sent events (sessions_app.views.session_post_stream). EventSource cannot POST, so this
+// server-sent events (sessions_app.views.sessions.session_post_stream). EventSource cannot POST, so this
 // reads the fetch body and parses the events itself. The user's message shows at once, the
 // reply grows with each `delta`, tool calls and results show as they run, and `done` (or an
 // `error` with the failed turn rendered: its error, what to check and Retry) replaces both with
