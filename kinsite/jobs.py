@@ -1,10 +1,10 @@
 """Background work that can get stuck, handled one way for every kind of job: chat turns,
-introspection, compaction and consolidation runs. Each domain declares a JobKind; this
+introspection, compaction, consolidation, re-embedding and workflow runs. Each domain declares a JobKind; this
 module claims, sends and sweeps, and the domain keeps only its own decisions.
 
-A job is a row with `status` (pending → running → an end state, `failed` among them),
-`created_at`, `started_at`, `finished_at` and `error` (and `attempts`, if the kind counts
-starts), and a Celery task that takes the row's id:
+A job is a row on kinsite.jobmodels.Job: `status` (pending → running → an end state,
+`failed` among them), `created_at`, `started_at`, `finished_at` and `error` (and `attempts`,
+if the kind counts starts), and a Celery task that takes the row's id:
 - `job_send` sends the task and marks the job queued in the cache (the same Redis as the
   queue), for as long as the broker may hold the task unacknowledged;
 - `job_claim` is the task's claim, a conditional UPDATE pending → running: of two
@@ -75,6 +75,8 @@ class JobKind:
     # The domain's decision on a stalled job nobody is working on: None runs it again,
     # a text fails it with that error.
     give_up: Callable[[Model], str | None]
+    # Called once a stalled job was failed, for the domain to tidy the rows it owns.
+    failed: Callable[[Model], None] | None = None
     # How long a job may be running before the stalled sweep looks at it (read at sweep time,
     # since it derives from settings).
     stalled_after: Callable[[], timedelta] = past_task_time_limit
@@ -262,6 +264,8 @@ def jobs_recover_stalled(kind: JobKind, *, now: datetime | None = None) -> Recov
                 job_send(kind, job.pk)  # the broker down: the job is pending, jobs_requeue sends it
             else:
                 recovered.failed.append(job.pk)
+                if kind.failed is not None:
+                    kind.failed(job)
     except REDIS_OUTAGES as exc:
         logger.warning("Recovering stalled %s stopped, Redis is unreachable (next try in a minute): %s",
                        kind.label, exc)
