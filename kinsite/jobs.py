@@ -21,6 +21,7 @@ Domains register their kinds in their AppConfig.ready() (job_kinds_register), so
 sweeps (kinsite.tasks) reach every kind without this module importing any domain."""
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -38,7 +39,7 @@ from django.utils.module_loading import import_string
 from kombu.exceptions import OperationalError as BrokerUnreachable
 from redis.exceptions import RedisError
 
-from kinsite.errors import ServiceUnavailable
+from kinsite.errors import Conflict, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,13 @@ def job_kinds() -> list[JobKind]:
 
 def job_queued_key(kind: JobKind, job_id: int) -> str:
     return QUEUED_KEY.format(kind=kind.name, job_id=job_id)
+
+
+class JobBusy(Conflict):
+    """Another run holds the job's domain (its lock); the job is left pending. Its task tries
+    again later, then gives up (job_task)."""
+
+    code = "job_busy"
 
 
 # --- sending and claiming --------------------------------------------------------------------
@@ -273,6 +281,45 @@ def jobs_recover_stalled(kind: JobKind, *, now: datetime | None = None) -> Recov
         logger.warning("Stalled %s taken over: queued again %s, failed %s", kind.label, recovered.requeued,
                        recovered.failed)
     return recovered
+
+
+# --- a job task's give-up paths ------------------------------------------------------------
+
+
+def job_task_last_try(task) -> bool:
+    """Whether the running task has no retry left (or runs eagerly, where a retry cannot wait)."""
+    return task.request.is_eager or task.request.retries >= task.max_retries
+
+
+def job_task(*, label: str, skip: Callable[[int], object] | None = None, busy_retry_seconds: int = 30,
+             recorded: tuple[type[Exception], ...] = ()):
+    """The give-up paths of a job's task, the same for every kind: decorates the body of a
+    `shared_task(bind=True, max_retries=...)` that takes the job's id first.
+    - JobBusy (with `skip`): tried again after busy_retry_seconds while retries are left, then
+      `skip(job_id)`, the domain's one service call closing the job unrun; its return is the task's.
+    - `recorded`, failures the service has recorded on the job's row: logged and raised, for
+      the task's autoretry_for to retry or for Celery's log.
+    Eager Celery runs a task inside the request that sent it (a turn, a /checkpoint), where
+    a retry cannot wait: a busy job is skipped at once, and a recorded failure is not raised
+    (it is on the row; the request itself succeeded)."""
+    def decorate(body):
+        @functools.wraps(body)
+        def run(task, job_id: int, *args, **kwargs):
+            try:
+                return body(task, job_id, *args, **kwargs)
+            except JobBusy as exc:
+                if skip is None:
+                    raise
+                if not job_task_last_try(task):
+                    raise task.retry(countdown=busy_retry_seconds) from exc
+                return skip(job_id)
+            except recorded as exc:
+                logger.warning("%s %s failed: %s", label, job_id, exc)
+                if task.request.is_eager:
+                    return None
+                raise  # for the task's autoretry_for (which wraps this body) or Celery's log
+        return run
+    return decorate
 
 
 # --- `free` for domains whose lock lives in the cache ----------------------------------------
