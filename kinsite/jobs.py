@@ -17,6 +17,8 @@ if the kind counts starts), and a Celery task that takes the row's id:
 - `jobs_recover_stalled` (beat, every minute) takes over the jobs left running by a
   process that stopped, once nobody holds their domain's lock: the domain decides
   whether each runs again (back to pending, sent again) or is failed.
+A job's Celery task gives up one way too (job_task): busy, it is retried, then the domain
+skips the job; a failure the service recorded is not raised into an eager caller's request.
 Domains register their kinds in their AppConfig.ready() (job_kinds_register), so the
 sweeps (kinsite.tasks) reach every kind without this module importing any domain."""
 from __future__ import annotations

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from kinsite.jobmodels import Job, job_status_field, job_sweep_indexes  # noqa: F401  (the apps' run models build on these)
+from kinsite.jobmodels import Job, job_status_field, job_sweep_indexes  # noqa: F401 - every app's run models build on them
 
 
 def validate_timezone(value: str) -> None:
