@@ -2,6 +2,8 @@
 from django.db import models
 from django.db.models import Q
 
+from kinsite.models import Job, job_status_field, job_sweep_indexes
+
 
 class Fact(models.Model):
     """One learning, append-only: its statement never changes. Consolidation marks
@@ -59,7 +61,7 @@ class Fact(models.Model):
         return self.statement[:80]
 
 
-class ConsolidationRun(models.Model):
+class ConsolidationRun(Job):
     """One consolidation of a kin: the audit row, written whatever the outcome."""
 
     class Trigger(models.TextChoices):
@@ -80,7 +82,7 @@ class ConsolidationRun(models.Model):
 
     kin = models.ForeignKey("kinsite.Kin", on_delete=models.CASCADE, related_name="consolidation_runs")
     trigger = models.CharField(max_length=10, choices=Trigger.choices)
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    status = job_status_field(Status)
     # The local date (team time zone) a nightly run is for; one nightly run per kin and night.
     night = models.DateField(null=True, blank=True)
     template_source = models.CharField(max_length=10, blank=True)  # explicit | kin | team | default
@@ -102,19 +104,12 @@ class ConsolidationRun(models.Model):
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
     duration_ms = models.PositiveIntegerField("duration (ms)", default=0)
-    error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    # When it was claimed (a requested run) or began (a run made at once): how long it has
-    # been running, for the stalled sweep (kinsite.jobs).
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    # started_at: when it was claimed (a requested run) or began (a run made at once).
 
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [
-            # The sweeps (every minute) read only pending runs, and running runs oldest start first.
-            models.Index(fields=["id"], condition=Q(status="pending"), name="consolidation_run_pending"),
-            models.Index(fields=["started_at"], condition=Q(status="running"), name="consolidation_run_running"),
+            *job_sweep_indexes("consolidation_run"),
             # A kin's runs newest first: the experience page and the activity pages.
             models.Index(fields=["kin", "created_at", "id"], name="consolidation_run_kin_newest"),
         ]

@@ -31,7 +31,7 @@ from consolidation.selectors import PENDING, experience_current
 from kinsite.actors import writer_ref, writer_ref_check
 from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict, InvalidInput, ModelNotConfigured
-from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit
+from kinsite.jobs import JobBusy, JobKind, cache_key_free, job_claim, job_send_on_commit
 from kinsite.llm.gateway import llm_chat
 from kinsite.llm.providers import chat_model_configured, model_not_configured_message, strip_json_fence
 from kinsite.llm.types import LLMBadResponse
@@ -71,7 +71,7 @@ CONSOLIDATION_SYSTEM = (
 PromptAnswerer = Callable[[str], str]
 
 
-class ConsolidationBusy(Conflict):
+class ConsolidationBusy(JobBusy):
     """Another consolidation of the kin is in progress."""
 
     code = "consolidation_busy"

@@ -25,8 +25,8 @@ app.conf.beat_schedule = {
         "task": "sessions_app.tasks.scan_idle_sessions_task",
         "schedule": crontab(),
     },
-    # Every minute, for every kind of job (kinsite.jobs: chat turns, introspection, compaction
-    # and consolidation runs): send again the pending jobs without a queued task, those
+    # Every minute, for every kind of job (kinsite.jobs: chat turns, introspection, compaction,
+    # consolidation, re-embedding and workflow runs): send again the pending jobs without a queued task, those
     # requested while Redis was down (the API answered 503 and kept them) or whose task was
     # lost with Redis's data in a restart, so they run once the broker is back (SPEC §13:
     # nothing is lost).
@@ -39,7 +39,7 @@ app.conf.beat_schedule = {
     # nobody holds their lock; each domain decides. A turn or a compaction is queued again
     # (after three starts it is failed, a turn's message kept); an introspection or
     # consolidation run is failed (it applied nothing; the idle scan, the next night or
-    # request runs it again).
+    # request runs it again); a workflow run resumes, or is failed if cut off in a node.
     "recover-stalled-jobs": {
         "task": "kinsite.tasks.recover_stalled_jobs_task",
         "schedule": crontab(),

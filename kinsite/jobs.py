@@ -1,10 +1,10 @@
 """Background work that can get stuck, handled one way for every kind of job: chat turns,
-introspection, compaction and consolidation runs. Each domain declares a JobKind; this
+introspection, compaction, consolidation, re-embedding and workflow runs. Each domain declares a JobKind; this
 module claims, sends and sweeps, and the domain keeps only its own decisions.
 
-A job is a row with `status` (pending → running → an end state, `failed` among them),
-`created_at`, `started_at`, `finished_at` and `error` (and `attempts`, if the kind counts
-starts), and a Celery task that takes the row's id:
+A job is a row on kinsite.jobmodels.Job: `status` (pending → running → an end state,
+`failed` among them), `created_at`, `started_at`, `finished_at` and `error` (and `attempts`,
+if the kind counts starts), and a Celery task that takes the row's id:
 - `job_send` sends the task and marks the job queued in the cache (the same Redis as the
   queue), for as long as the broker may hold the task unacknowledged;
 - `job_claim` is the task's claim, a conditional UPDATE pending → running: of two
@@ -17,10 +17,13 @@ starts), and a Celery task that takes the row's id:
 - `jobs_recover_stalled` (beat, every minute) takes over the jobs left running by a
   process that stopped, once nobody holds their domain's lock: the domain decides
   whether each runs again (back to pending, sent again) or is failed.
+A job's Celery task gives up one way too (job_task): busy, it is retried, then the domain
+skips the job; a failure the service recorded is not raised into an eager caller's request.
 Domains register their kinds in their AppConfig.ready() (job_kinds_register), so the
 sweeps (kinsite.tasks) reach every kind without this module importing any domain."""
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -38,7 +41,7 @@ from django.utils.module_loading import import_string
 from kombu.exceptions import OperationalError as BrokerUnreachable
 from redis.exceptions import RedisError
 
-from kinsite.errors import ServiceUnavailable
+from kinsite.errors import Conflict, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +78,8 @@ class JobKind:
     # The domain's decision on a stalled job nobody is working on: None runs it again,
     # a text fails it with that error.
     give_up: Callable[[Model], str | None]
+    # Called once a stalled job was failed, for the domain to tidy the rows it owns.
+    failed: Callable[[Model], None] | None = None
     # How long a job may be running before the stalled sweep looks at it (read at sweep time,
     # since it derives from settings).
     stalled_after: Callable[[], timedelta] = past_task_time_limit
@@ -118,6 +123,13 @@ def job_kinds() -> list[JobKind]:
 
 def job_queued_key(kind: JobKind, job_id: int) -> str:
     return QUEUED_KEY.format(kind=kind.name, job_id=job_id)
+
+
+class JobBusy(Conflict):
+    """Another run holds the job's domain (its lock); the job is left pending. Its task tries
+    again later, then gives up (job_task)."""
+
+    code = "job_busy"
 
 
 # --- sending and claiming --------------------------------------------------------------------
@@ -262,6 +274,8 @@ def jobs_recover_stalled(kind: JobKind, *, now: datetime | None = None) -> Recov
                 job_send(kind, job.pk)  # the broker down: the job is pending, jobs_requeue sends it
             else:
                 recovered.failed.append(job.pk)
+                if kind.failed is not None:
+                    kind.failed(job)
     except REDIS_OUTAGES as exc:
         logger.warning("Recovering stalled %s stopped, Redis is unreachable (next try in a minute): %s",
                        kind.label, exc)
@@ -269,6 +283,45 @@ def jobs_recover_stalled(kind: JobKind, *, now: datetime | None = None) -> Recov
         logger.warning("Stalled %s taken over: queued again %s, failed %s", kind.label, recovered.requeued,
                        recovered.failed)
     return recovered
+
+
+# --- a job task's give-up paths ------------------------------------------------------------
+
+
+def job_task_last_try(task) -> bool:
+    """Whether the running task has no retry left (or runs eagerly, where a retry cannot wait)."""
+    return task.request.is_eager or task.request.retries >= task.max_retries
+
+
+def job_task(*, label: str, skip: Callable[[int], object] | None = None, busy_retry_seconds: int = 30,
+             recorded: tuple[type[Exception], ...] = ()):
+    """The give-up paths of a job's task, the same for every kind: decorates the body of a
+    `shared_task(bind=True, max_retries=...)` that takes the job's id first.
+    - JobBusy (with `skip`): tried again after busy_retry_seconds while retries are left, then
+      `skip(job_id)`, the domain's one service call closing the job unrun; its return is the task's.
+    - `recorded`, failures the service has recorded on the job's row: logged and raised, for
+      the task's autoretry_for to retry or for Celery's log.
+    Eager Celery runs a task inside the request that sent it (a turn, a /checkpoint), where
+    a retry cannot wait: a busy job is skipped at once, and a recorded failure is not raised
+    (it is on the row; the request itself succeeded)."""
+    def decorate(body):
+        @functools.wraps(body)
+        def run(task, job_id: int, *args, **kwargs):
+            try:
+                return body(task, job_id, *args, **kwargs)
+            except JobBusy as exc:
+                if skip is None:
+                    raise
+                if not job_task_last_try(task):
+                    raise task.retry(countdown=busy_retry_seconds) from exc
+                return skip(job_id)
+            except recorded as exc:
+                logger.warning("%s %s failed: %s", label, job_id, exc)
+                if task.request.is_eager:
+                    return None
+                raise  # for the task's autoretry_for (which wraps this body) or Celery's log
+        return run
+    return decorate
 
 
 # --- `free` for domains whose lock lives in the cache ----------------------------------------

@@ -1,9 +1,12 @@
-"""Teams, memberships, API tokens, kins, the LLM call log and prompt templates."""
+"""Teams, memberships, API tokens, kins, the LLM call log and prompt templates; Job, the
+abstract model of every background run (kinsite.jobmodels)."""
 import zoneinfo
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
+
+from kinsite.jobmodels import Job, job_status_field, job_sweep_indexes  # noqa: F401 - every app's run models build on them
 
 
 def validate_timezone(value: str) -> None:

@@ -4,6 +4,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from kinsite.models import Job, job_sweep_indexes
+
 
 class Memory(models.Model):
     class Category(models.TextChoices):
@@ -168,19 +170,12 @@ class MemoryChange(models.Model):
         return f"{self.action} memory {self.memory_id} by {self.actor}"
 
 
-class EmbeddingRun(models.Model):
+class EmbeddingRun(Job):
     """Re-embedding the active memories whose vector another model made (or that have none)
     with `model`, the configured embedding model: a job of kinsite.jobs, worked in slices of
     batches by ascending memory id, so it resumes from `cursor` after any stop."""
 
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        RUNNING = "running"
-        DONE = "done"
-        FAILED = "failed"
-
     model = models.CharField(max_length=200)
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     # Memories to re-embed when the run was created, and how many it has gone past so far.
     total = models.PositiveIntegerField(default=0)
     done = models.PositiveIntegerField(default=0)
@@ -189,16 +184,11 @@ class EmbeddingRun(models.Model):
     # Starts since the run last moved its cursor: a worker that dies on the same batch again
     # and again fails the run instead of looping (the stalled sweep reads it).
     attempts = models.PositiveSmallIntegerField(default=0)
-    error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [
-            models.Index(fields=["id"], condition=Q(status="pending"), name="embedding_run_pending"),
-            models.Index(fields=["started_at"], condition=Q(status="running"), name="embedding_run_running"),
+            *job_sweep_indexes("embedding_run"),
             models.Index(fields=["model", "created_at"], name="embedding_run_model"),
         ]
         constraints = [

@@ -5,6 +5,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from kinsite.models import Job, job_status_field, job_sweep_indexes
+
 
 class Session(models.Model):
     kin = models.ForeignKey("kinsite.Kin", on_delete=models.CASCADE, related_name="sessions")
@@ -140,22 +142,14 @@ class MessageCount(models.Model):
         return f"{self.message_count} {self.role} messages of {self.sender or 'nobody'} in session {self.session_id}"
 
 
-class Turn(models.Model):
+class Turn(Job):
     """One chat turn: the user's message in, the kin's reply out, and what happened
     between (status, error, tool calls, tokens). Async posts are polled through it."""
-
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        RUNNING = "running"
-        DONE = "done"
-        FAILED = "failed"
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
     user_message = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     reply = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     is_async = models.BooleanField("async", default=False)
-    error = models.TextField(blank=True)
     tool_calls = models.PositiveSmallIntegerField(default=0)
     prompt_tokens = models.PositiveIntegerField(default=0)
     tokens_in = models.PositiveIntegerField(default=0)
@@ -171,18 +165,12 @@ class Turn(models.Model):
     auto_retries = models.PositiveSmallIntegerField(default=0)
     retry_reason = models.TextField(blank=True)  # why it was last put back, kept once it is done
     retried_at = models.DateTimeField(null=True, blank=True)  # when it was last put back
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]
         indexes = [
             models.Index(fields=["session", "status"], name="turn_session_status"),
-            # The requeue sweep (every minute) reads only pending turns, whatever the table's size.
-            models.Index(fields=["id"], condition=Q(status="pending"), name="turn_pending"),
-            # The stalled-turn sweep (every minute) reads only running turns, oldest start first.
-            models.Index(fields=["started_at"], condition=Q(status="running"), name="turn_running"),
+            *job_sweep_indexes("turn"),
             # The activity pages read turns newest first (sessions_app.activity).
             models.Index(fields=["created_at", "id"], name="turn_newest"),
         ]
@@ -222,7 +210,7 @@ class Summary(models.Model):
         return f"Summary {self.pk} of session {self.session_id}"
 
 
-class CompactionRun(models.Model):
+class CompactionRun(Job):
     """One requested compaction of a session (sessions_app.compaction): the row its task
     claims, so a lost task is sent again and a redelivered one does nothing (kinsite.jobs)."""
 
@@ -234,22 +222,16 @@ class CompactionRun(models.Model):
         SKIPPED = "skipped"  # could not run (no model configured): error says why, nothing written
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="compaction_runs")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    status = job_status_field(Status)
     summary = models.ForeignKey(Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     # Starts: one at each claim (a Celery retry after a model failure, or a run again after
     # its worker stopped); after a few a stalled run is failed (compaction.COMPACTION_MAX_ATTEMPTS).
     attempts = models.PositiveSmallIntegerField(default=0)
-    error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [
-            # The sweeps (every minute) read only pending runs, and running runs oldest start first.
-            models.Index(fields=["id"], condition=Q(status="pending"), name="compaction_run_pending"),
-            models.Index(fields=["started_at"], condition=Q(status="running"), name="compaction_run_running"),
+            *job_sweep_indexes("compaction_run"),
             # The activity pages read runs newest first (sessions_app.activity).
             models.Index(fields=["created_at", "id"], name="compaction_run_newest"),
         ]
@@ -258,7 +240,7 @@ class CompactionRun(models.Model):
         return f"Compaction {self.pk} of session {self.session_id} ({self.status})"
 
 
-class IntrospectionRun(models.Model):
+class IntrospectionRun(Job):
     """One introspection of a session: what triggered it, which events it read,
     what it did and how it ended. An audit row: written by the service only."""
 
@@ -278,7 +260,7 @@ class IntrospectionRun(models.Model):
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="introspection_runs")
     trigger = models.CharField(max_length=12, choices=Trigger.choices)
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    status = job_status_field(Status)
     start_event = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     end_event = models.ForeignKey(Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     # The events read: after the previous cursor up to and including this one.
@@ -293,17 +275,12 @@ class IntrospectionRun(models.Model):
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
     duration_ms = models.PositiveIntegerField("duration (ms)", default=0)
-    error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [
-            # The requeue sweep (every minute) reads only pending runs. The stalled-run sweep
-            # reads running runs through the partial unique index of the constraint below.
-            models.Index(fields=["id"], condition=Q(status="pending"), name="introspection_run_pending"),
+            # The stalled-run sweep reads running runs through the constraint's partial unique index.
+            *job_sweep_indexes("introspection_run", running=False),
             # The activity pages read runs newest first (sessions_app.activity).
             models.Index(fields=["created_at", "id"], name="introspection_run_newest"),
         ]

@@ -12,7 +12,9 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from kinsite.errors import KinsiteError
+from kinsite.jobs import job_claim
 from workflows import nodes
+from workflows.jobs import WORKFLOW_RUN_JOBS
 from workflows.models import Edge, Node, NodeResult, NodeRun, WorkflowRun
 from workflows.selectors import node_lineage_narrative
 
@@ -25,15 +27,23 @@ HANDLE_ORDER = {"left": 0, "a": 0, "right": 1, "b": 1}
 TERMINAL = {NodeRun.Status.DONE, NodeRun.Status.FAILED, NodeRun.Status.SKIPPED}
 
 
+def workflow_run_claim(*, run_id: int) -> int | None:
+    """Claims a pending run (kinsite.jobs.job_claim): the first wave with nodes left to run, or
+    None when it is not pending (a redelivered task: another one has it, or it ended). A run
+    the stalled sweep made pending again resumes there; its finished nodes are not run again."""
+    if not job_claim(WORKFLOW_RUN_JOBS, run_id):
+        return None
+    return NodeRun.objects.filter(run_id=run_id).exclude(status__in=TERMINAL).order_by("wave").values_list(
+        "wave", flat=True).first() or 0
+
+
 def workflow_run_wave(*, run_id: int, wave: int) -> int | None:
     """Runs the wave's nodes; returns the next wave to enqueue, or None (the run is finished,
     gone, or another worker still holds a node of this wave and will move on)."""
     run = WorkflowRun.objects.select_related("workflow__team").filter(pk=run_id).first()
     if run is None or run.status in (WorkflowRun.Status.DONE, WorkflowRun.Status.FAILED):
         return None
-    WorkflowRun.objects.filter(pk=run.pk, status=WorkflowRun.Status.PENDING).update(
-        status=WorkflowRun.Status.RUNNING, started_at=timezone.now()
-    )
+    job_claim(WORKFLOW_RUN_JOBS, run.pk)  # a wave sent by hand (or before the run's task) starts it too
     for node_run_id in NodeRun.objects.filter(run=run, wave=wave).order_by("id").values_list("id", flat=True):
         node_run_execute(run=run, node_run_id=node_run_id)
     statuses = set(NodeRun.objects.filter(run=run, wave=wave).values_list("status", flat=True))

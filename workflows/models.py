@@ -2,6 +2,8 @@
 from django.db import models
 from django.db.models import Q
 
+from kinsite.models import Job, job_sweep_indexes
+
 
 class Workflow(models.Model):
     team = models.ForeignKey("kinsite.Team", on_delete=models.CASCADE, related_name="workflows")
@@ -94,23 +96,16 @@ class NodeResult(models.Model):
         return f"Results v{self.version} of node {self.node_id}"
 
 
-class WorkflowRun(models.Model):
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        RUNNING = "running"
-        DONE = "done"
-        FAILED = "failed"  # at least one node failed (its downstream nodes were skipped)
+class WorkflowRun(Job):
+    """One run of a workflow, a job of kinsite.jobs (workflows.jobs). Failed: at least one
+    node failed (its downstream nodes were skipped), or its worker stopped in a node."""
 
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
-    error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [
+            *job_sweep_indexes("workflow_run"),
             # A workflow's runs newest first: its last run, and the team's activity page.
             models.Index(fields=["workflow", "created_at", "id"], name="workflow_run_newest"),
         ]

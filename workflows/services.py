@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -13,7 +12,9 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerUnreachable
 
 from kinsite.errors import Conflict, InvalidInput, ServiceUnavailable
+from kinsite.jobs import job_send, past_task_time_limit
 from kinsite.models import Team
+from workflows.jobs import WORKFLOW_RUN_JOBS, workflow_run_nodes_close, workflow_run_stalled
 from workflows.models import Edge, Node, NodeRun, Workflow, WorkflowRun
 from workflows.nodes import NODE_TYPES, validate_params
 
@@ -32,9 +33,8 @@ READ_ONLY_NODE_KEYS = {
     "status", "records_in", "records_out", "results_version", "config_fingerprint",
     "current_fingerprint", "error", "last_run_at", "description",
 }
-# A run still pending/running after this long was abandoned (a lost worker) and no longer
-# blocks a new run.
-ACTIVE_RUN_WINDOW = timedelta(hours=1)
+SUPERSEDED = ("Superseded: nobody was working on this run any more (its task or its worker was lost), "
+              "and a new run of the workflow was requested.")
 
 
 class WorkflowInvalid(InvalidInput):
@@ -373,11 +373,9 @@ def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
     workflow = Workflow.objects.select_for_update().get(pk=workflow.pk)
     nodes = workflow_run_check(workflow=workflow)
     active = WorkflowRun.objects.filter(
-        workflow=workflow,
-        status__in=[WorkflowRun.Status.PENDING, WorkflowRun.Status.RUNNING],
-        created_at__gte=timezone.now() - ACTIVE_RUN_WINDOW,
+        workflow=workflow, status__in=[WorkflowRun.Status.PENDING, WorkflowRun.Status.RUNNING]
     ).first()
-    if active is not None:
+    if active is not None and not _run_supersede(active):
         raise Conflict(f"Run {active.pk} of this workflow is still {active.status}.", details={"run_id": active.pk})
     by_pk = {node.pk: node.client_id for node in nodes}
     edges = [(by_pk[s], by_pk[t]) for s, t in workflow.edges.values_list("source_id", "target_id")]
@@ -392,14 +390,33 @@ def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
     return run
 
 
-def _run_enqueue(run: WorkflowRun, statuses_before: dict[int, str]) -> None:
-    """Send the run's first wave. When the broker does not take it, the run is removed again
-    rather than kept pending: a pending run blocks the workflow (409) until it is an hour
-    old, and a run is cheap to request again, unlike a chat message to type again."""
-    from workflows.tasks import run_wave_task
+def _run_supersede(run: WorkflowRun) -> bool:
+    """Fail an active run nobody works on any more, so a new one may start: pending for
+    longer than a task may live (no worker took it, though beat's requeue sweep sends it
+    every minute), or running with none of its nodes moving (workflows.jobs). Without beat
+    (eager Celery, no Redis) no sweep takes such a run over; a request for a new one does."""
+    now = timezone.now()
+    cutoff = now - past_task_time_limit()
+    if run.status == WorkflowRun.Status.PENDING:
+        abandoned = run.created_at < cutoff
+    else:
+        abandoned = run.started_at is not None and run.started_at < cutoff and workflow_run_stalled(run, now=now)
+    if not abandoned:
+        return False
+    superseded = WorkflowRun.objects.filter(pk=run.pk, status=run.status, started_at=run.started_at).update(
+        status=WorkflowRun.Status.FAILED, error=SUPERSEDED, finished_at=now)
+    if superseded:
+        workflow_run_nodes_close(run)
+    return bool(superseded)
 
+
+def _run_enqueue(run: WorkflowRun, statuses_before: dict[int, str]) -> None:
+    """Send the run's task (kinsite.jobs.job_send). When the broker does not take it, the
+    run is removed again rather than kept pending for the requeue sweep: the caller is told
+    at once that nothing was stored, and a run is cheap to request again, unlike a chat
+    message to type again."""
     try:
-        run_wave_task.delay(run.pk, 0)
+        job_send(WORKFLOW_RUN_JOBS, run.pk)
     except BrokerUnreachable as exc:
         logger.warning("Run %s of workflow %s is not started, the broker is unreachable: %s",
                        run.pk, run.workflow_id, exc)

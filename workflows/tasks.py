@@ -1,12 +1,23 @@
-"""Celery tasks of workflows: one task per topological wave of a run."""
+"""Celery tasks of workflows: a run's task claims it and runs its first wave; each wave's
+task sends the next one's."""
 from celery import shared_task
 
-from workflows.executor import workflow_run_wave
+from workflows.executor import workflow_run_claim, workflow_run_wave
+
+
+@shared_task
+def run_workflow_task(run_id: int) -> None:
+    """The run's task (workflows.jobs.WORKFLOW_RUN_JOBS, sent by kinsite.jobs.job_send): a
+    redelivered copy finds the run claimed and does nothing."""
+    wave = workflow_run_claim(run_id=run_id)
+    if wave is not None:
+        run_wave_task(run_id, wave)
 
 
 # No autoretry: a failing node is recorded on its rows and fails its downstream nodes only.
 # A killed worker's task is delivered again (acks_late) and only runs the nodes no one has
-# claimed (or whose claim outlived the task time limit).
+# claimed (or whose claim outlived the task time limit); a run left running is the stalled
+# sweep's (workflows.jobs).
 @shared_task
 def run_wave_task(run_id: int, wave: int) -> None:
     next_wave = workflow_run_wave(run_id=run_id, wave=wave)

@@ -27,6 +27,7 @@ from kinsite.actors import writer_ref
 from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict
 from kinsite.jobs import (
+    JobBusy,
     job_claim,
     job_send_if_stale,
     job_send_on_commit,
@@ -72,7 +73,7 @@ STALE_PENDING = timedelta(minutes=10)
 
 
 
-class IntrospectionBusy(Conflict):
+class IntrospectionBusy(JobBusy):
     """Another run of the session holds it; this one is left pending."""
 
     code = "introspection_busy"

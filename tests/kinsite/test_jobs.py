@@ -39,6 +39,7 @@ from tests.consolidation.conftest import add_fact, answer
 from tests.factories import MessageFactory
 from tests.sessions_app.test_compaction import BUDGET, FIRST_SUMMARY, chatter
 from tests.support.clock import age
+from workflows.jobs import WORKFLOW_RUN_JOBS
 
 # empty_cache and model (the scripted fake model introspection, compaction and consolidation
 # call) are in tests/conftest.py.
@@ -52,7 +53,7 @@ def lost(queryset) -> None:
 
 def test_every_kind_of_job_is_swept():
     assert {kind.name for kind in job_kinds()} == {
-        "turn", "introspection", "compaction", "consolidation", "embedding-run",
+        "turn", "introspection", "compaction", "consolidation", "embedding-run", "workflow-run",
     }
 
 
@@ -267,6 +268,7 @@ def test_a_kind_whose_sweep_fails_does_not_hold_up_the_others(chat_session, mode
     (INTROSPECTION_JOBS, "introspection_run_pending", "introspection_one_running_per_session"),
     (COMPACTION_JOBS, "compaction_run_pending", "compaction_run_running"),
     (CONSOLIDATION_JOBS, "consolidation_run_pending", "consolidation_run_running"),
+    (WORKFLOW_RUN_JOBS, "workflow_run_pending", "workflow_run_running"),
 ], ids=lambda value: value.name if isinstance(value, JobKind) else None)
 def test_each_sweep_reads_a_partial_index(db, kind, pending_index, running_index):
     for sweep, index in ((jobs_requeue, pending_index), (jobs_recover_stalled, running_index)):
