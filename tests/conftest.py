@@ -1,6 +1,7 @@
 """Fixtures shared by the whole suite."""
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -19,6 +20,25 @@ from tests.support.fake_openai import FakeOpenAIServer, fake_openai_server
 os.environ.setdefault("SECRET_KEY", "kinsite-tests-only-secret-key-not-for-deployments")
 
 
+TESTS = Path(__file__).resolve().parent
+# The slow kinds, marked by where they live (pytest.ini names the markers; scripts/test --fast
+# deselects them): the first path that contains a test gives its marker.
+SLOW_KINDS = {
+    "browser": "browser",
+    "ops": "ops",
+    "faults": "faults",
+    "test_api_fuzz.py": "fuzz",
+}
+
+
+def slow_kind(path: Path) -> str | None:
+    try:
+        first = path.resolve().relative_to(TESTS).parts[0]
+    except ValueError:
+        return None
+    return SLOW_KINDS.get(first)
+
+
 def pytest_collection_modifyitems(config, items):
     # Vendor-specific tests run in the pass of their database (README: the suite runs twice).
     from django.conf import settings
@@ -26,6 +46,9 @@ def pytest_collection_modifyitems(config, items):
     engine = settings.DATABASES["default"]["ENGINE"]
     vendor = "postgresql" if "postgresql" in engine else "sqlite"
     for item in items:
+        kind = slow_kind(item.path)
+        if kind is not None:
+            item.add_marker(kind)
         if "postgres" in item.keywords and vendor != "postgresql":
             item.add_marker(pytest.mark.skip(reason="PostgreSQL pass only"))
         if "sqlite" in item.keywords and vendor != "sqlite":
