@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from rest_framework.test import APIClient
+from whitenoise.middleware import WhiteNoiseMiddleware
 
 from kinsite.llm.providers import OpenAICompatibleProvider, ScriptedProvider, provider_override
 from kinsite.services import api_token_issue
@@ -59,6 +60,30 @@ def pytest_collection_modifyitems(config, items):
 def fast_password_hashing(settings):
     # PBKDF2's deliberate slowness costs ~0.3 s per user; tests need no such strength.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def static_files_listed_once() -> Iterator[None]:
+    """Every test client loads the middleware afresh, and WhiteNoise's then lists every static
+    file through the finders (some 200 files, ~75 ms): the same list for every test with the
+    same static settings, so it is made once per process (the files' entries are shared: they are read only)."""
+    listed: dict[tuple, dict] = {}
+    list_files = WhiteNoiseMiddleware.add_files_from_finders
+
+    def add_files_from_finders(self):
+        key = (self.static_prefix, self.max_age, self.allow_all_origins, self.charset, self.index_file,
+               repr(settings.STATICFILES_DIRS), repr(settings.STATICFILES_FINDERS), repr(settings.INSTALLED_APPS),
+               *(repr(getattr(settings, name, None)) for name in (
+                   "WHITENOISE_MIMETYPES", "WHITENOISE_ADD_HEADERS_FUNCTION", "WHITENOISE_IMMUTABLE_FILE_TEST")))
+        if key not in listed:
+            before = dict(self.files)
+            list_files(self)
+            listed[key] = {url: static for url, static in self.files.items() if before.get(url) is not static}
+        self.files.update(listed[key])
+
+    WhiteNoiseMiddleware.add_files_from_finders = add_files_from_finders
+    yield
+    WhiteNoiseMiddleware.add_files_from_finders = list_files
 
 
 @pytest.fixture
