@@ -1,12 +1,14 @@
 """Fixtures shared by the whole suite."""
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from rest_framework.test import APIClient
+from whitenoise.middleware import WhiteNoiseMiddleware
 
 from kinsite.llm.providers import OpenAICompatibleProvider, ScriptedProvider, provider_override
 from kinsite.services import api_token_issue
@@ -19,6 +21,25 @@ from tests.support.fake_openai import FakeOpenAIServer, fake_openai_server
 os.environ.setdefault("SECRET_KEY", "kinsite-tests-only-secret-key-not-for-deployments")
 
 
+TESTS = Path(__file__).resolve().parent
+# The slow kinds, marked by where they live (pytest.ini names the markers; scripts/test --fast
+# deselects them): the first path that contains a test gives its marker.
+SLOW_KINDS = {
+    "browser": "browser",
+    "ops": "ops",
+    "faults": "faults",
+    "test_api_fuzz.py": "fuzz",
+}
+
+
+def slow_kind(path: Path) -> str | None:
+    try:
+        first = path.resolve().relative_to(TESTS).parts[0]
+    except ValueError:
+        return None
+    return SLOW_KINDS.get(first)
+
+
 def pytest_collection_modifyitems(config, items):
     # Vendor-specific tests run in the pass of their database (docs/contributing.md: the suite runs twice).
     from django.conf import settings
@@ -26,6 +47,9 @@ def pytest_collection_modifyitems(config, items):
     engine = settings.DATABASES["default"]["ENGINE"]
     vendor = "postgresql" if "postgresql" in engine else "sqlite"
     for item in items:
+        kind = slow_kind(item.path)
+        if kind is not None:
+            item.add_marker(kind)
         if "postgres" in item.keywords and vendor != "postgresql":
             item.add_marker(pytest.mark.skip(reason="PostgreSQL pass only"))
         if "sqlite" in item.keywords and vendor != "sqlite":
@@ -36,6 +60,30 @@ def pytest_collection_modifyitems(config, items):
 def fast_password_hashing(settings):
     # PBKDF2's deliberate slowness costs ~0.3 s per user; tests need no such strength.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def static_files_listed_once() -> Iterator[None]:
+    """Every test client loads the middleware afresh, and WhiteNoise's then lists every static
+    file through the finders (some 200 files, ~75 ms): the same list for every test with the
+    same static settings, so it is made once per process (the files' entries are shared: they are read only)."""
+    listed: dict[tuple, dict] = {}
+    list_files = WhiteNoiseMiddleware.add_files_from_finders
+
+    def add_files_from_finders(self):
+        key = (self.static_prefix, self.max_age, self.allow_all_origins, self.charset, self.index_file,
+               repr(settings.STATICFILES_DIRS), repr(settings.STATICFILES_FINDERS), repr(settings.INSTALLED_APPS),
+               *(repr(getattr(settings, name, None)) for name in (
+                   "WHITENOISE_MIMETYPES", "WHITENOISE_ADD_HEADERS_FUNCTION", "WHITENOISE_IMMUTABLE_FILE_TEST")))
+        if key not in listed:
+            before = dict(self.files)
+            list_files(self)
+            listed[key] = {url: static for url, static in self.files.items() if before.get(url) is not static}
+        self.files.update(listed[key])
+
+    WhiteNoiseMiddleware.add_files_from_finders = add_files_from_finders
+    yield
+    WhiteNoiseMiddleware.add_files_from_finders = list_files
 
 
 @pytest.fixture

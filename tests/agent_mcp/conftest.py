@@ -60,21 +60,19 @@ def mcp_api_client(mcp_token) -> APIClient:
     return client
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def asgi_server(transactional_db):
     """uvicorn serving kinsite.asgi in a thread; yields its base URL."""
     from kinsite.asgi import application
 
-    port = _free_port()
+    # uvicorn serves a socket bound here, on a port the kernel picks: no other process (another
+    # xdist worker) can take it between choosing it and serving on it.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning",
                                            lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
@@ -83,6 +81,7 @@ def asgi_server(transactional_db):
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
+    sock.close()
 
 
 @pytest.fixture(params=["wsgi", "asgi"])

@@ -1,6 +1,5 @@
 """The LLM gateway end to end over real HTTP against the fake server, plus the scripted and offline providers."""
 import json
-import socket
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from kinsite.llm.providers import (
 from kinsite.llm.types import ChatResult, LLMBadResponse, LLMError, LLMHTTPError, LLMTimeout, ToolCall
 from kinsite.models import LLMCall, Team
 from tests.factories import KinFactory, TeamFactory
+from tests.support.outbound import closed_port
 
 SEARCH_TOOL = {
     "name": "memory_search",
@@ -210,11 +210,8 @@ def test_persistent_server_error_gives_up_after_max_retries(fake_llm, fake_llm_p
 
 @pytest.mark.django_db
 def test_unreachable_endpoint_is_a_clear_error():
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     provider = OpenAICompatibleProvider(
-        base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout=0.3, max_retries=1, backoff=0.01
+        base_url=f"http://127.0.0.1:{closed_port()}/v1", model="m", timeout=0.3, max_retries=1, backoff=0.01
     )
 
     with pytest.raises(LLMError, match=r"Could not reach the model endpoint at …/chat/completions: .*refused"):

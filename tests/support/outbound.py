@@ -140,11 +140,16 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+_closed_ports: list[socket.socket] = []
+
+
 def closed_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on: bound and never listened on, for the rest of
+    the process, so a connect is refused and no other server (another xdist worker's) can take it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _closed_ports.append(sock)
+    return sock.getsockname()[1]
 
 
 def record_connections(monkeypatch) -> list[tuple[str, int]]:
