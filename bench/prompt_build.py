@@ -1,5 +1,5 @@
 """Prompt-build benchmark: a team with 10 kins of 10,000 memories each and one session
-of 10,000 messages, then p50/p95/p99 of sessions_app.prompt.prompt_assemble for that
+of 10,000 messages, then p50/p95/p99 of sessions_app.prompt.assembly.prompt_assemble for that
 session (memory search + history selection + sections), the queries it runs and what
 it builds, plus where the time goes. See bench/README.md.
 
@@ -71,7 +71,7 @@ def assemble_turn(session, text, sender, platform, around=nullcontext):
     from kinsite.tokencount import count_tokens
     from memories.services import memories_mark_retrieved
     from sessions_app.models import Event
-    from sessions_app.prompt import prompt_assemble
+    from sessions_app.prompt.assembly import prompt_assemble
 
     message = Event.objects.create(session=session, kind=Event.Kind.MESSAGE, role=Event.Role.USER, content=text,
                                    sender=sender, platform=platform, token_count=count_tokens(text),
@@ -91,7 +91,7 @@ def assemble_turn(session, text, sender, platform, around=nullcontext):
 def assemble_preview(session, text, sender, platform, around=nullcontext):
     """The prompt preview's path (API and dashboard): the message is not stored (it is
     counted as if it were) and nothing is counted as retrieved."""
-    from sessions_app.prompt import prompt_assemble
+    from sessions_app.prompt.assembly import prompt_assemble
 
     with around():
         started = time.perf_counter()

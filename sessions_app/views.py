@@ -2,7 +2,7 @@
 swapped in, with the tool calls that led to it folded underneath), the prompt
 preview beside it, and the introspection panel below (working memory, description,
 the recent runs and a "Checkpoint now" button). Posting calls sessions_app.turns.services.turn_post,
-the preview sessions_app.prompt.prompt_assemble and the checkpoint
+the preview sessions_app.prompt.assembly.prompt_assemble and the checkpoint
 sessions_app.introspection.introspection_request, the same services the API calls. With
 JavaScript (kinsite/static/kinsite/chat.js) a post streams instead: session_post_stream
 answers the turn's server-sent events (sessions_app.turns.stream, as the API does), with the
@@ -42,7 +42,7 @@ from sessions_app.introspection.converse import introspection_settings
 from sessions_app.introspection.services import IntrospectionDisabled, introspection_request
 from sessions_app.locks import SessionBusy
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
-from sessions_app.prompt import prompt_assemble
+from sessions_app.prompt.assembly import prompt_assemble
 from sessions_app.turns import services as turns
 from sessions_app.turns.stream import turn_event_stream, turn_post_streamed
 

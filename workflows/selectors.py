@@ -14,7 +14,8 @@ from workflows import lineage
 from workflows.canvas import canvas_text
 from workflows.lineage import EdgeInfo, GraphInfo, NodeInfo
 from workflows.models import Node, NodeResult, NodeRun, Workflow, WorkflowRun
-from workflows.nodes import config_fingerprint, describe_step
+from workflows.nodes.base import config_fingerprint
+from workflows.nodes.registry import describe_step
 
 
 def workflow_list(*, team: Team) -> QuerySet[Workflow]:

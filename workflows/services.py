@@ -15,7 +15,8 @@ from kombu.exceptions import OperationalError as BrokerUnreachable
 from kinsite.errors import Conflict, InvalidInput, ServiceUnavailable
 from kinsite.models import Team
 from workflows.models import Edge, Node, NodeRun, Workflow, WorkflowRun
-from workflows.nodes import NODE_TYPES, validate_params
+from workflows.nodes.base import validate_params
+from workflows.nodes.registry import NODE_TYPES
 
 logger = logging.getLogger(__name__)
 

@@ -205,7 +205,7 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
         )""")
     # For ranking, updated_at travels as epoch seconds: loading timestamptz through
     # Django's Python loader was about half the cost of reading the ~50 rows. The rest of
-    # each row is the hit's memory, should ranking keep it (memories.search._hit_memories).
+    # each row is the hit's memory, should ranking keep it (memories.search.selectors._hit_memories).
     sql = f"""
         WITH {", ".join(ctes)}
         SELECT best.id, best.score, m.importance, m.category, EXTRACT(EPOCH FROM m.updated_at)::float8, m.subject,

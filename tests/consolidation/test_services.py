@@ -12,7 +12,7 @@ from kinsite.llm.types import LLMHTTPError
 from kinsite.models import LLMCall
 from kinsite.prompt_templates import TemplateError, template_default
 from memories.models import MemoryChange
-from memories.search import memory_search
+from memories.search.selectors import memory_search
 from memories.services import Actor, memory_add, memory_update
 from tests.consolidation.conftest import SECTIONS, add_fact, answer, document, runs_of, state_of
 from tests.factories import ConsolidationRunFactory, KinFactory, PromptTemplateFactory

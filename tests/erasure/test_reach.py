@@ -12,7 +12,7 @@ from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.models import Membership
 from kinsite.services import api_token_issue
 from memories import services as memory_services
-from memories.search import memory_search
+from memories.search.selectors import memory_search
 from memories.services import Actor
 from sessions_app.models import Event
 from sessions_app.turns import events as turn_events

@@ -24,7 +24,7 @@ from memories import reembed, services
 from memories.models import EmbeddingRun, Memory, MemoryVector
 from memories.ranking import vector_to_bytes
 from memories.reembed import REEMBED_JOBS, reembed_check, reembed_run, reembed_start
-from memories.search import memory_search
+from memories.search.selectors import memory_search
 from tests.factories import KinFactory, MembershipFactory, MemoryFactory, UserFactory
 from tests.support.clock import age
 

@@ -16,7 +16,8 @@ from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words, provide
 from memories import ranking, services
 from memories.embeddings import Embedding
 from memories.models import Memory, MemoryVector
-from memories.search import memory_find_duplicate, memory_search, vectors
+from memories.search import vectors
+from memories.search.selectors import memory_find_duplicate, memory_search
 from memories.services import Actor
 from tests.factories import KinFactory
 from tests.memories.embedders import SynonymEmbedder

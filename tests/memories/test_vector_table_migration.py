@@ -11,7 +11,8 @@ from kinsite.llm.providers import hashed_bag_of_words
 from memories import ranking, services
 from memories.embeddings import Embedding
 from memories.models import Memory, MemoryVector
-from memories.search import memory_search, vectors
+from memories.search import vectors
+from memories.search.selectors import memory_search
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("private_cache")]
 

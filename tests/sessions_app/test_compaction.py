@@ -25,7 +25,7 @@ from sessions_app.compaction import (
     unsummarised_events,
 )
 from sessions_app.models import Event, Summary
-from sessions_app.prompt import prompt_assemble
+from sessions_app.prompt.assembly import prompt_assemble
 from sessions_app.prompt.history import HistoryItem
 from sessions_app.selectors import history_search
 from sessions_app.services import ImportItem, messages_import

@@ -13,7 +13,7 @@ from kinsite.llm.providers import ScriptedProvider, provider_override
 from kinsite.llm.types import LLMError
 from memories.models import Memory
 from sessions_app.models import Event, Turn
-from sessions_app.prompt import prompt_assemble
+from sessions_app.prompt.assembly import prompt_assemble
 from sessions_app.turns import services as turns
 from tests.factories import KinFactory, MemoryFactory, MessageFactory, SessionFactory
 

@@ -11,7 +11,7 @@ from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words, provider_override
 from kinsite.models import Kin, PromptTemplate
 from memories.models import Memory, MemoryChange, MemoryVector
-from memories.search import memory_search
+from memories.search.selectors import memory_search
 from sessions_app.models import Event, MessageCount, Session, Summary, Turn
 from sessions_app.selectors import history_search
 from tests.transfer.conftest import normalise, table_counts
