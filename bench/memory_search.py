@@ -66,7 +66,7 @@ class HashedEmbedder:
 
     @staticmethod
     def create():
-        from kinsite.llm.providers import ScriptedProvider
+        from tests.support.scripted_model import ScriptedProvider
 
         class Embedder(ScriptedProvider):
             def embed_result(self, texts, *, model=None):

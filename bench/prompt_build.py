@@ -159,12 +159,11 @@ class Stopwatch:
 
 @contextmanager
 def instrumented(watch: Stopwatch, queries: list):
-    """Times prompt_assemble's parts by wrapping the functions sessions_app.prompt and its
+    """Times prompt_assemble's parts by wrapping the functions sessions_app.prompt.assembly and its
     reads call (looked up as module globals at call time), and every SQL statement by kind."""
     from django.db import connection
 
-    from sessions_app import prompt
-    from sessions_app.prompt import reads
+    from sessions_app.prompt import assembly, reads
 
     def sql_timer(execute, sql, params, many, ctx):
         started = time.perf_counter()
@@ -185,7 +184,7 @@ def instrumented(watch: Stopwatch, queries: list):
         "count_tokens": "sections: count_tokens",
     }
     originals = {(module, name): getattr(module, name)
-                 for module in (prompt, reads) for name in wrapped if hasattr(module, name)}
+                 for module in (assembly, reads) for name in wrapped if hasattr(module, name)}
     try:
         for (module, name), function in originals.items():
             setattr(module, name, watch.wrap(wrapped[name], function))

@@ -33,7 +33,8 @@ from kinsite.cachelock import cache_lock
 from kinsite.errors import Conflict, InvalidInput, ModelNotConfigured
 from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit
 from kinsite.llm.gateway import llm_chat
-from kinsite.llm.providers import chat_model_configured, model_not_configured_message, strip_json_fence
+from kinsite.llm.providers import chat_model_configured, model_not_configured_message
+from kinsite.llm.replies import strip_json_fence
 from kinsite.llm.types import LLMBadResponse
 from kinsite.models import Kin
 from kinsite.prompt_safety import guarded, one_line

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from memories import services
 from memories.models import Memory
 from memories.search.candidates import matches_by_id
@@ -14,6 +14,7 @@ from memories.search.selectors import memory_search
 from memories.services import Actor
 from tests.factories import KinFactory, MemoryFactory
 from tests.memories.embedders import BrokenEmbedder, SynonymEmbedder
+from tests.support.scripted_model import ScriptedProvider
 
 FILLER = [
     "The office plants need water on Mondays",

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words, provider_override
+from kinsite.llm.providers import provider_override
 from memories import ranking, services
 from memories.embeddings import Embedding
 from memories.models import Memory, MemoryVector
@@ -21,6 +21,7 @@ from memories.search.selectors import memory_find_duplicate, memory_search
 from memories.services import Actor
 from tests.factories import KinFactory
 from tests.memories.embedders import SynonymEmbedder
+from tests.support.scripted_model import ScriptedProvider, hashed_bag_of_words
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
+from tests.support.scripted_model import ScriptedProvider
 from tests.workflows.nodes.support import PEOPLE, run
 from workflows.nodes import llm
 from workflows.nodes.base import NodeError, RunContext, validate_params
