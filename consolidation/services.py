@@ -42,11 +42,11 @@ from kinsite.llm.gateway import llm_chat
 from kinsite.llm.providers import chat_model_configured, model_not_configured_message
 from kinsite.llm.types import LLMBadResponse
 from kinsite.models import Kin
+from kinsite.prompt_template_kinds import template_default
 from kinsite.prompt_templates import (
     ResolvedTemplate,
     TemplateError,
     TemplatePreview,
-    template_default,
     template_preview_of,
     template_resolve,
 )

@@ -11,7 +11,8 @@ from consolidation.services import ConsolidationBusy, NothingToConsolidate, cons
 from kinsite.errors import InvalidInput
 from kinsite.llm.types import LLMHTTPError
 from kinsite.models import LLMCall
-from kinsite.prompt_templates import TemplateError, template_default
+from kinsite.prompt_template_kinds import template_default
+from kinsite.prompt_templates import TemplateError
 from memories.models import MemoryChange
 from memories.search.selectors import memory_search
 from memories.services import Actor, memory_add, memory_update

@@ -8,7 +8,7 @@ from consolidation.prompt import answer_validate, canonical_sections, clean_mark
 from consolidation.selectors import experience_current, experience_nested, experience_section
 from consolidation.services import consolidation_run
 from kinsite.llm.types import ChatResult
-from kinsite.prompt_templates import template_default
+from kinsite.prompt_template_kinds import template_default
 from tests.consolidation.conftest import SECTIONS, add_fact, answer, document, runs_of, state_of
 from tests.factories import KinFactory
 
