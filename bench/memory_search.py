@@ -1,5 +1,5 @@
 """Memory-search benchmark: 100,000 memories across 10 kins of one team, then
-p50/p95 latency of memories.search.memory_search for queries drawn from the
+p50/p95 latency of memories.search.selectors.memory_search for queries drawn from the
 same vocabulary. See bench/README.md.
 
     python bench/memory_search.py                 # SQLite (a temp file)
@@ -66,7 +66,7 @@ class HashedEmbedder:
 
     @staticmethod
     def create():
-        from kinsite.llm.providers import ScriptedProvider
+        from tests.support.scripted_model import ScriptedProvider
 
         class Embedder(ScriptedProvider):
             def embed_result(self, texts, *, model=None):
@@ -87,7 +87,7 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool 
     from kinsite.llm.providers import provider_override
     from memories import ranking
     from memories.embeddings import _embedding_model_name
-    from memories.search import memory_search
+    from memories.search.selectors import memory_search
 
     embed = provider = None
     if with_vectors:
@@ -250,7 +250,8 @@ def vector_timings(team, kin_rows, provider, rng, count: int) -> dict:
     from django.conf import settings
 
     from memories.embeddings import Embedding, _embedding_model_name
-    from memories.search import memory_find_duplicate, memory_search, vectors
+    from memories.search import vectors
+    from memories.search.selectors import memory_find_duplicate, memory_search
 
     model = _embedding_model_name(provider)
     texts = [sentence(rng) for _ in range(count)]

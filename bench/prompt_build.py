@@ -1,5 +1,5 @@
 """Prompt-build benchmark: a team with 10 kins of 10,000 memories each and one session
-of 10,000 messages, then p50/p95/p99 of sessions_app.prompt.prompt_assemble for that
+of 10,000 messages, then p50/p95/p99 of sessions_app.prompt.assembly.prompt_assemble for that
 session (memory search + history selection + sections), the queries it runs and what
 it builds, plus where the time goes. See bench/README.md.
 
@@ -71,7 +71,7 @@ def assemble_turn(session, text, sender, platform, around=nullcontext):
     from kinsite.tokencount import count_tokens
     from memories.services import memories_mark_retrieved
     from sessions_app.models import Event
-    from sessions_app.prompt import prompt_assemble
+    from sessions_app.prompt.assembly import prompt_assemble
 
     message = Event.objects.create(session=session, kind=Event.Kind.MESSAGE, role=Event.Role.USER, content=text,
                                    sender=sender, platform=platform, token_count=count_tokens(text),
@@ -91,7 +91,7 @@ def assemble_turn(session, text, sender, platform, around=nullcontext):
 def assemble_preview(session, text, sender, platform, around=nullcontext):
     """The prompt preview's path (API and dashboard): the message is not stored (it is
     counted as if it were) and nothing is counted as retrieved."""
-    from sessions_app.prompt import prompt_assemble
+    from sessions_app.prompt.assembly import prompt_assemble
 
     with around():
         started = time.perf_counter()
@@ -159,12 +159,11 @@ class Stopwatch:
 
 @contextmanager
 def instrumented(watch: Stopwatch, queries: list):
-    """Times prompt_assemble's parts by wrapping the functions sessions_app.prompt and its
+    """Times prompt_assemble's parts by wrapping the functions sessions_app.prompt.assembly and its
     reads call (looked up as module globals at call time), and every SQL statement by kind."""
     from django.db import connection
 
-    from sessions_app import prompt
-    from sessions_app.prompt import reads
+    from sessions_app.prompt import assembly, reads
 
     def sql_timer(execute, sql, params, many, ctx):
         started = time.perf_counter()
@@ -185,7 +184,7 @@ def instrumented(watch: Stopwatch, queries: list):
         "count_tokens": "sections: count_tokens",
     }
     originals = {(module, name): getattr(module, name)
-                 for module in (prompt, reads) for name in wrapped if hasattr(module, name)}
+                 for module in (assembly, reads) for name in wrapped if hasattr(module, name)}
     try:
         for (module, name), function in originals.items():
             setattr(module, name, watch.wrap(wrapped[name], function))

@@ -98,7 +98,7 @@ def run(*, memories: int, messages: int, turns: int, searches: int, seed: int, p
     from django.test.utils import CaptureQueriesContext
 
     from kinsite.llm.providers import provider_override
-    from memories.search import memory_search
+    from memories.search.selectors import memory_search
     from sessions_app.models import CompactionRun
     from sessions_app.selectors import history_search
 

@@ -37,7 +37,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
-from consolidation.services import word_count
+from consolidation.prompt import word_count
 from erasure.matching import Person, excerpt
 from erasure.models import Erasure
 from kinsite.errors import Conflict

@@ -21,11 +21,9 @@ from kinsite.admin_mixins import (
 )
 from kinsite.errors import InvalidInput
 from kinsite.models import ApiToken, Kin, LLMCall, Membership, PromptTemplate, Team
+from kinsite.prompt_template_kinds import KINDS, template_default, template_placeholders
 from kinsite.prompt_templates import (
-    KINDS,
     prompt_template_set_active,
-    template_default,
-    template_placeholders,
     template_preview,
     template_previewer,
     template_validate,

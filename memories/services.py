@@ -12,7 +12,7 @@ from kinsite.errors import Conflict
 from kinsite.models import Kin, Team
 from memories.embeddings import Embedding, memory_embed
 from memories.models import Memory, MemoryChange, MemoryVector
-from memories.search import MemoryHit, memory_find_duplicate
+from memories.search.selectors import MemoryHit, memory_find_duplicate
 
 # The fields a change row snapshots, and the ones callers may edit.
 SNAPSHOT_FIELDS = ("kin_id", "category", "content", "subject", "importance", "status", "superseded_by_id")

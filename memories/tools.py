@@ -12,7 +12,7 @@ from django.utils import timezone
 from kinsite.tools import Tool, ToolArgumentError, ToolContext, function_schema, tool_from
 from memories import services
 from memories.models import Memory
-from memories.search import memory_search
+from memories.search.selectors import memory_search
 
 CONTENT_MAX_CHARS = 4_000
 RECALL_MAX_LIMIT = 50

@@ -13,10 +13,11 @@ from django.urls import reverse
 from kinsite.actors import user_ref
 from kinsite.selectors import kin_get
 from kinsite.views import render_partial_or_page, team_required, wants_partial
-from memories import search, selectors, services
+from memories import selectors, services
 from memories.api.serializers import MEMORY_CONTENT_MAX_CHARS
 from memories.models import Memory
 from memories.reembed import reembed_kin_progress
+from memories.search.selectors import memory_search
 
 MEMORIES_PER_PAGE = 50
 STATUS_ALL = "all"
@@ -69,7 +70,7 @@ def memory_list(request, kin_id: int):
         "reembedding": None if wants_partial(request) else reembed_kin_progress(team=request.team, kin=kin),
     }
     if q and memory_status == Memory.Status.ACTIVE:
-        context["hits"] = search.memory_search(
+        context["hits"] = memory_search(
             team=request.team, kin=kin, query=q, limit=settings.SEARCH_MAX_LIMIT, category=category
         )
     else:

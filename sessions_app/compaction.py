@@ -30,7 +30,8 @@ from kinsite.llm.providers import chat_model_configured, model_not_configured_me
 from kinsite.llm.types import LLMBadResponse, LLMError
 from kinsite.models import PromptTemplate
 from kinsite.prompt_safety import continued, one_line, quoted
-from kinsite.prompt_templates import TemplateError, template_default, template_render, template_resolve
+from kinsite.prompt_template_kinds import template_default
+from kinsite.prompt_templates import TemplateError, template_render, template_resolve
 from kinsite.tokencount import count_tokens
 from sessions_app.models import HISTORY_KINDS, CompactionRun, Event, Session, Summary
 from sessions_app.prompt.history import HistoryItem

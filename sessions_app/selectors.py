@@ -6,6 +6,7 @@ from django.db.models.functions import Coalesce
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 
+from kinsite import bm25
 from kinsite.models import Kin, Team
 from kinsite.rawsql import aware_datetime
 from kinsite.selectors import MAX_ROW_ID, kin_list
@@ -102,9 +103,6 @@ def history_search(*, query: str, limit: int, session: Session | None = None, ki
     return hits
 
 
-# BM25 parameters, the usual defaults (SQLite's FTS5 bm25() uses the same).
-BM25_K1 = 1.2
-BM25_B = 0.75
 # A match in the sender name counts half a match in the content (as on SQLite).
 SENDER_WEIGHT = 0.5
 # In a conversation the words of a question are often split over a turn and the
@@ -178,12 +176,11 @@ TERM_CANDIDATES = 1000
 # the neighbour step takes its seeds.
 RESCORE_POOL = 200
 
-# BM25 term score of a posting `p` (tf, doc_length): idf * tf * (k1 + 1) / (tf + k1 * (1 - b
-# + b * doc_length / avg_length)), with the scope's sampled average length, written with
-# the per-term constants of `term_weights` w: weight = idf * (k1 + 1), norm = k1 * (1 - b),
-# norm_per_lexeme = k1 * b / avg_length. Computed for every posting read, so it is kept
-# to four operations on columns of the posting and its term (no join per posting).
-_BM25 = "w.weight * p.tf / (p.tf + w.norm + w.norm_per_lexeme * p.doc_length)"
+# BM25 term score of a posting `p` (tf, doc_length) with the per-term constants of
+# `term_weights` w (the scope's sampled average length). Computed for every posting read,
+# so it is kept to four operations on columns of the posting and its term (no join per posting).
+_BM25 = bm25.posting_score_sql("w.weight", "w.norm", "w.norm_per_lexeme", "p.tf", "p.doc_length")
+_TERM_WEIGHTS = bm25.term_weights_sql(bm25.idf_sql("n.n", "d.df", vendor="postgresql"), "z.avg_length")
 # The event table's columns of the hits, which PostgreSQL's statement returns with their scores.
 _EVENT_COLUMNS = ", ".join(f"e.{field.column}" for field in Event._meta.concrete_fields)
 # BM25 of the messages whose ids `{ids}` yields (a subquery), from all their postings of
@@ -267,9 +264,9 @@ def _search_postgresql(terms, scope, scope_param, pool, limit):
         ),
         term_weights AS MATERIALIZED (
             SELECT d.lexeme, d.capped,
-                   ln(1 + (greatest(n.n, d.df) - d.df + 0.5) / (d.df + 0.5)) * (%(k1)s::float8 + 1) AS weight,
-                   %(k1)s::float8 * (1 - %(b)s::float8) AS norm,
-                   %(k1)s::float8 * %(b)s::float8 / z.avg_length AS norm_per_lexeme
+                   {_TERM_WEIGHTS[0]} AS weight,
+                   {_TERM_WEIGHTS[1]} AS norm,
+                   {_TERM_WEIGHTS[2]} AS norm_per_lexeme
             FROM (
                 SELECT t.lexeme, c.lexeme IS NOT NULL AS capped,
                        greatest(t.postings, coalesce(c.sampled_df, 0)) AS df
@@ -324,8 +321,7 @@ def _search_postgresql(terms, scope, scope_param, pool, limit):
     params = {
         "text": " ".join(terms),
         "scope": scope_param,
-        "k1": BM25_K1,
-        "b": BM25_B,
+        **bm25.PARAMS,
         "sample": SCOPE_SAMPLE,
         "term_candidates": TERM_CANDIDATES,
         "rescore_pool": max(RESCORE_POOL, pool),

@@ -10,11 +10,13 @@ from django.db import connection
 from rest_framework.test import APIClient
 from whitenoise.middleware import WhiteNoiseMiddleware
 
-from kinsite.llm.providers import OpenAICompatibleProvider, ScriptedProvider, provider_override
+from kinsite.llm.openai_client import OpenAICompatibleProvider
+from kinsite.llm.providers import provider_override
 from kinsite.services import api_token_issue
 from sessions_app.turns import events
 from tests.factories import KinFactory, MembershipFactory, SessionFactory, TeamFactory, UserFactory
 from tests.support.fake_openai import FakeOpenAIServer, fake_openai_server
+from tests.support.scripted_model import ScriptedProvider
 
 # The processes tests start (gunicorn, Celery workers, manage.py) inherit this environment;
 # with DEBUG off, the settings refuse to start on the built-in development key.

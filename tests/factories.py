@@ -4,7 +4,7 @@ from django.contrib.auth import get_user_model
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
 from kinsite.models import Kin, LLMCall, Membership, PromptTemplate, Team
-from kinsite.prompt_templates import template_default
+from kinsite.prompt_template_kinds import template_default
 from kinsite.tokencount import count_tokens
 from memories.models import Memory, MemoryChange
 from sessions_app.models import CompactionRun, Event, IntrospectionRun, Session, Summary, Turn

@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from consolidation.models import Fact
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.services import api_token_issue
 from memories.models import MemoryChange
 from sessions_app.models import Turn
@@ -40,6 +40,7 @@ from tests.factories import (
     TurnFactory,
     WorkflowFactory,
 )
+from tests.support.scripted_model import ScriptedProvider
 
 # Per operation, for the random (fuzzing) phase; schemathesis's coverage phase adds its boundary and
 # invalid-input cases on top. derandomize makes every run the same (~1 min per database pass).

@@ -13,9 +13,10 @@ from django.utils import timezone
 
 from kinsite.errors import KinsiteError
 from kinsite.jobs import job_claim
-from workflows import nodes
 from workflows.jobs import WORKFLOW_RUN_JOBS
 from workflows.models import Edge, Node, NodeResult, NodeRun, WorkflowRun
+from workflows.nodes.base import NodeError, RunContext, config_fingerprint, validate_params
+from workflows.nodes.registry import get_node_type
 from workflows.selectors import node_lineage_narrative
 
 logger = logging.getLogger(__name__)
@@ -81,13 +82,13 @@ def node_run_execute(*, run: WorkflowRun, node_run_id: int) -> None:
                 error=f"Skipped: upstream node {', '.join(repr(b) for b in blocked)} did not complete.")
         return
 
-    fingerprint = nodes.config_fingerprint(node.type, node.config)
+    fingerprint = config_fingerprint(node.type, node.config)
     node_run.config_fingerprint = fingerprint
-    node_type = nodes.get_node_type(node.type)
+    node_type = get_node_type(node.type)
     if node_type is None:
         _finish(node_run, node, status=NodeRun.Status.FAILED, error=f"Unknown node type '{node.type}' cannot run.")
         return
-    problems = nodes.validate_params(node_type, node.config)
+    problems = validate_params(node_type, node.config)
     if problems:  # the config was edited outside the API (admin) since it was saved
         _finish(node_run, node, status=NodeRun.Status.FAILED, error="Invalid parameters: " + " ".join(problems))
         return
@@ -114,10 +115,10 @@ def node_run_execute(*, run: WorkflowRun, node_run_id: int) -> None:
         node.config = config
         Node.objects.filter(pk=node.pk).update(config=config)
 
-    context = nodes.RunContext(team=run.workflow.team, node=node, lineage=lineage, save_config=save_config)
+    context = RunContext(team=run.workflow.team, node=node, lineage=lineage, save_config=save_config)
     try:
         records = node_type.run(context, dict(node.config), inputs)
-    except (nodes.NodeError, KinsiteError) as exc:
+    except (NodeError, KinsiteError) as exc:
         _finish(node_run, node, status=NodeRun.Status.FAILED, error=getattr(exc, "message", None) or str(exc))
         return
     except Exception as exc:  # a bug or a time limit: fail this node, keep the run going

@@ -10,11 +10,12 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from kinsite.models import Team
-from workflows import lineage
+from workflows import lineage, lineage_exports
 from workflows.canvas import canvas_text
 from workflows.lineage import EdgeInfo, GraphInfo, NodeInfo
 from workflows.models import Node, NodeResult, NodeRun, Workflow, WorkflowRun
-from workflows.nodes import config_fingerprint, describe_step
+from workflows.nodes.base import config_fingerprint
+from workflows.nodes.registry import describe_step
 
 
 def workflow_list(*, team: Team) -> QuerySet[Workflow]:
@@ -97,14 +98,14 @@ def node_lineage_export(*, workflow: Workflow, graph: lineage.LineageGraph, fmt:
     if fmt == "narrative":
         return lineage.lineage_to_narrative(graph, max_chars=max_chars)
     if fmt == "prov":
-        return lineage.lineage_to_prov(graph, workflow_name=workflow.name, namespace=namespace)
+        return lineage_exports.lineage_to_prov(graph, workflow_name=workflow.name, namespace=namespace)
     if fmt == "openlineage":
         run = workflow_last_run(workflow=workflow)
         run_key = f"{namespace}runs/{run.pk}" if run is not None else f"{namespace}never-ran"
         event_time = (run.finished_at or run.started_at or run.created_at) if run is not None else timezone.now()
-        return lineage.lineage_to_openlineage(graph, workflow_name=workflow.name, namespace=namespace,
+        return lineage_exports.lineage_to_openlineage(graph, workflow_name=workflow.name, namespace=namespace,
                                               run_id=uuid.uuid5(uuid.NAMESPACE_URL, run_key), event_time=event_time)
-    return lineage.lineage_to_json(graph)
+    return lineage_exports.lineage_to_json(graph)
 
 
 def node_lineage_narrative(*, workflow: Workflow, client_id: str, max_chars: int = 2000) -> str:

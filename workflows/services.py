@@ -16,7 +16,8 @@ from kinsite.jobs import job_send, past_task_time_limit
 from kinsite.models import Team
 from workflows.jobs import WORKFLOW_RUN_JOBS, workflow_run_nodes_close, workflow_run_stalled
 from workflows.models import Edge, Node, NodeRun, Workflow, WorkflowRun
-from workflows.nodes import NODE_TYPES, validate_params
+from workflows.nodes.base import validate_params
+from workflows.nodes.registry import NODE_TYPES
 
 logger = logging.getLogger(__name__)
 

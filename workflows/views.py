@@ -21,7 +21,7 @@ from workflows import lineage, selectors, services
 from workflows.api.serializers import LINEAGE_MAX_CHARS_LIMIT
 from workflows.layout import layout_graph
 from workflows.models import Edge, Node, Workflow, WorkflowRun
-from workflows.nodes import describe
+from workflows.nodes.registry import describe
 from workflows.selectors import node_lineage
 
 # Past this many nodes the drawing is unreadable and heavy; the table still lists them all.
@@ -49,7 +49,7 @@ def workflow_list(request):
 @dataclass(frozen=True)
 class NodeRow:
     node: Node
-    description: str  # workflows.nodes.describe: the same sentence the API shows
+    description: str  # workflows.nodes.registry.describe: the same sentence the API shows
 
 
 def _detail_context(workflow: Workflow) -> dict:

@@ -11,7 +11,7 @@ from kinsite.actors import token_ref
 from kinsite.api.auth import request_team
 from kinsite.api.pagination import ChronologicalCursorPagination, DefaultCursorPagination
 from kinsite.selectors import kin_get, kin_ref
-from memories import search, selectors, services
+from memories import selectors, services
 from memories.api.serializers import (
     LIST_STATUS_ALL,
     MemoryAddResponseSerializer,
@@ -24,6 +24,7 @@ from memories.api.serializers import (
     MemoryUpdateSerializer,
 )
 from memories.models import Memory, MemoryChange
+from memories.search.selectors import memory_search
 
 
 class NewestFirstCursorPagination(DefaultCursorPagination):
@@ -163,7 +164,7 @@ class KinMemorySearchView(APIView):
         kin = kin_ref(team=team, kin_id=kin_id)
         params = MemorySearchQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
-        hits = search.memory_search(
+        hits = memory_search(
             team=team, kin=kin, query=params.validated_data["q"], limit=params.validated_data["limit"]
         )
         return Response({"results": MemoryHitSerializer(hits, many=True).data})

@@ -13,9 +13,6 @@ from memories.models import Memory
 # A match in the subject counts half a match in the content (the tsvector weights it B,
 # FTS5 gets the column weight); matching the subject is rewarded again by ranking.
 SUBJECT_WEIGHT = 0.5
-# BM25 parameters, the usual defaults (Lucene's and FTS5's bm25()).
-BM25_K1 = 1.2
-BM25_B = 0.75
 
 
 class TextMatch(NamedTuple):

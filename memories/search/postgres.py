@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 
 from django.db import connection
 
+from kinsite import bm25
 from memories.models import MemoryTermCount
-from memories.search.candidates import BM25_B, BM25_K1, SUBJECT_WEIGHT, TextMatch, hit_columns_sql
+from memories.search.candidates import SUBJECT_WEIGHT, TextMatch, hit_columns_sql
 
 # Common terms (PostgreSQL). A lexeme in at least this share of the scope's memories, and
 # in at least COMMON_TERM_MIN_DOCS of them, is common: it still scores, but it does not
@@ -138,8 +139,7 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
     common = [lexeme for lexeme in lexemes if lexeme in stats.common]
     rare = [lexeme for lexeme in lexemes if lexeme not in stats.common]
     rarest_common = min(common, key=lambda lexeme: (stats.common[lexeme], lexeme)) if common else None
-    params = {**params, "subject_weight": SUBJECT_WEIGHT, "n": stats.count, "k1": BM25_K1, "b": BM25_B,
-              "limit": limit}
+    params = {**params, **bm25.PARAMS, "subject_weight": SUBJECT_WEIGHT, "n": stats.count, "limit": limit}
 
     def matching(lexemes_of_tsquery: list[str], name: str) -> str:
         params[name] = " | ".join(_tsquery_literal(lexeme) for lexeme in lexemes_of_tsquery)
@@ -176,9 +176,8 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
         else:
             # Counted once among the candidates (every memory matching a rare lexeme is one).
             df_columns.append(f"count(*) FILTER (WHERE tf{i} > 0)::float8 AS df{i}")
-        idf_columns.append(f"ln(1.0::float8 + (greatest(f.n, f.df{i}) - f.df{i} + 0.5::float8)"
-                           f" / (f.df{i} + 0.5::float8)) AS idf{i}")
-        score_terms.append(f"s.idf{i} * s.tf{i} * (%(k1)s::float8 + 1.0::float8) / (s.tf{i} + s.norm)")
+        idf_columns.append(f"{bm25.idf_sql('f.n', f'f.df{i}', vendor='postgresql')} AS idf{i}")
+        score_terms.append(bm25.term_score_sql(f"s.idf{i}", f"s.tf{i}", "s.norm", vendor="postgresql"))
     ctes.append(f"""candidates AS MATERIALIZED (
             SELECT c.id, length(c.search_tsv)::float8 AS length, {", ".join(tf_columns)}
             FROM ({matches}) c
@@ -196,8 +195,7 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
         )""")
     ctes.append(f"""best AS (
             SELECT s.id, {" + ".join(score_terms)} AS score
-            FROM (SELECT c.*, w.*, %(k1)s::float8 * (1.0::float8 - %(b)s::float8
-                         + %(b)s::float8 * c.length / w.avg_length) AS norm
+            FROM (SELECT c.*, w.*, {bm25.length_norm_sql("c.length", "w.avg_length", vendor="postgresql")} AS norm
                   FROM candidates c CROSS JOIN weights w
                   OFFSET 0) s  -- not flattened: the length norm is computed once per candidate, not per lexeme
             ORDER BY score DESC, s.id
@@ -205,7 +203,7 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
         )""")
     # For ranking, updated_at travels as epoch seconds: loading timestamptz through
     # Django's Python loader was about half the cost of reading the ~50 rows. The rest of
-    # each row is the hit's memory, should ranking keep it (memories.search._hit_memories).
+    # each row is the hit's memory, should ranking keep it (memories.search.selectors._hit_memories).
     sql = f"""
         WITH {", ".join(ctes)}
         SELECT best.id, best.score, m.importance, m.category, EXTRACT(EPOCH FROM m.updated_at)::float8, m.subject,

@@ -2,9 +2,10 @@
 statistics of the memories that match, as on PostgreSQL (postgres.py)."""
 from django.db import connection
 
+from kinsite import bm25
 from kinsite.rawsql import aware_datetime
 from kinsite.textsearch import fts5_match_expression
-from memories.search.candidates import BM25_B, BM25_K1, SUBJECT_WEIGHT, TextMatch, hit_columns_sql
+from memories.search.candidates import SUBJECT_WEIGHT, TextMatch, hit_columns_sql
 
 # Occurrences are counted for this many times `limit` of the best memories by a score that
 # counts every matching term once (see text_scores).
@@ -35,8 +36,8 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
     once), and the RECOUNT_FACTOR x
     `limit` best are scored again with the terms' occurrences counted. On LoCoMo (0, 10,000
     and 50,000 unrelated memories per kin) this chose the same memories as counting them all."""
-    params = {**params, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT, "mark": _MARK,
-              "k1": BM25_K1, "b": BM25_B, "recount": RECOUNT_FACTOR * limit, "limit": limit}
+    params = {**params, **bm25.PARAMS, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT,
+              "mark": _MARK, "recount": RECOUNT_FACTOR * limit, "limit": limit}
     once_columns, df_columns, idf_columns, occurrences = [], [], [], []
     for i, term in enumerate(terms):
         params[f"term{i}"] = fts5_match_expression([term])
@@ -48,7 +49,7 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
             f" WHERE memories_memory_fts MATCH %(subject{i})s) THEN %(subject_weight)s ELSE 0.0 END AS tf{i}"
         )
         df_columns.append(f"sum(tf{i} > 0) AS df{i}")
-        idf_columns.append(f"ln(1.0 + (f.n - f.df{i} + 0.5) / (f.df{i} + 0.5)) AS idf{i}")
+        idf_columns.append(f"{bm25.idf_sql('f.n', f'f.df{i}', vendor='sqlite')} AS idf{i}")
         # highlight() only works on the cursor of the MATCH: CROSS JOIN keeps the FTS5 table
         # the outer loop (with the memory outer, SQLite refused the function). The unary +
         # keeps the id list a filter on the term's matches: as a constraint, FTS5 would look
@@ -103,8 +104,8 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
 
 def _bm25(term_count: int) -> str:
     """The BM25 score of a candidate `c` (id, length, tf0..) with the collection's weights `w`."""
-    return " + ".join(f"w.idf{i} * c.tf{i} * (%(k1)s + 1.0) / (c.tf{i} + %(k1)s"
-                      f" * (1.0 - %(b)s + %(b)s * c.length / w.avg_length))" for i in range(term_count))
+    norm = bm25.length_norm_sql("c.length", "w.avg_length", vendor="sqlite")
+    return " + ".join(bm25.term_score_sql(f"w.idf{i}", f"c.tf{i}", norm, vendor="sqlite") for i in range(term_count))
 
 
 def _occurrences(column: int, text: str) -> str:

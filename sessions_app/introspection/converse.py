@@ -14,7 +14,8 @@ from kinsite.actors import writer_ref
 from kinsite.llm.gateway import llm_chat
 from kinsite.models import Kin
 from kinsite.prompt_safety import one_line, quoted
-from kinsite.prompt_templates import TemplateError, template_default, template_render
+from kinsite.prompt_template_kinds import template_default
+from kinsite.prompt_templates import TemplateError, template_render
 from kinsite.tools import ToolContext
 from memories.models import Memory
 from memories.services import Actor

@@ -1,7 +1,7 @@
 """The prompt's database reads, a fixed number of them (SPEC §4, §14): the kin, the
 compaction boundary, participants and counts, the history that fits the budget, and the
 relevant memories, handed to the pure builders (sections, history) as PromptInputs and
-history entries. Assembly is sessions_app.prompt.prompt_assemble."""
+history entries. Assembly is sessions_app.prompt.assembly.prompt_assemble."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from kinsite.models import Kin
 from kinsite.prompt_safety import one_line
 from kinsite.rawsql import aware_datetime
 from kinsite.tokencount import count_tokens
-from memories.search import memory_search
+from memories.search.selectors import memory_search
 from sessions_app.models import HISTORY_KINDS, Event, MessageCount, Session, Summary, Turn
 from sessions_app.prompt.history import HistoryItem, select_history
 from sessions_app.prompt.sections import (

@@ -22,7 +22,7 @@ from memories.services import Actor, memories_mark_retrieved
 from sessions_app.introspection.services import IntrospectionDisabled, introspection_request
 from sessions_app.locks import SessionLock
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
-from sessions_app.prompt import AssembledPrompt, prompt_assemble
+from sessions_app.prompt.assembly import AssembledPrompt, prompt_assemble
 from sessions_app.turns.events import DELTA, TOOL_CALL, TOOL_RESULT, turn_event_publish
 from sessions_app.turns.tools import kin_toolset
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sessions_app.models import Session
-from sessions_app.prompt import PENDING_MESSAGE_ID, prompt_assemble
+from sessions_app.prompt.assembly import PENDING_MESSAGE_ID, prompt_assemble
 from sessions_app.turns.tools import kin_toolset
 
 

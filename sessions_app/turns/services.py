@@ -28,7 +28,7 @@ from sessions_app.compaction import compaction_needed, compaction_needed_after_t
 from sessions_app.introspection.services import introspection_after_turn
 from sessions_app.locks import LockUnavailable, SessionBusy, SessionLock, session_lock, wait_seconds
 from sessions_app.models import Event, Session, Turn
-from sessions_app.prompt import AssembledPrompt
+from sessions_app.prompt.assembly import AssembledPrompt
 from sessions_app.services import session_check_open
 from sessions_app.turns.converse import command_answer, command_parse, turn_converse
 from sessions_app.turns.events import END, RESET, turn_event_publish

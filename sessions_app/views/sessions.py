@@ -29,7 +29,7 @@ from sessions_app.forms import SessionRenameForm
 from sessions_app.introspection.services import IntrospectionDisabled, introspection_request
 from sessions_app.locks import SessionBusy
 from sessions_app.models import Event, IntrospectionRun, Session, Turn
-from sessions_app.prompt import prompt_assemble
+from sessions_app.prompt.assembly import prompt_assemble
 from sessions_app.turns import services as turns
 from sessions_app.turns.stream import turn_event_stream, turn_post_streamed
 from sessions_app.views.entries import CONVERSATION_KINDS, ChatEntry, entries_for

@@ -4,8 +4,9 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from tests.abuse.support import seed_team
+from tests.support.scripted_model import ScriptedProvider
 
 
 class AlwaysAnswers(ScriptedProvider):

@@ -19,13 +19,14 @@ import pytest
 from django.urls import reverse
 
 from consolidation.models import ConsolidationRun, Fact
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.models import PromptTemplate
 from memories.models import Memory
 from sessions_app.compaction import build_compaction_messages
 from sessions_app.models import Event, Session
 from tests.abuse.support import assert_api_error, assert_unchanged, snapshot
 from tests.factories import FactFactory, MemoryFactory, MessageFactory, SummaryFactory, UserFactory
+from tests.support.scripted_model import ScriptedProvider
 from workflows.nodes.llm import render_template
 
 pytestmark = pytest.mark.django_db

@@ -4,9 +4,10 @@ posted message and its reply (tool calls folded) appear without a page load, and
 import pytest
 from playwright.sync_api import expect
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from sessions_app.models import Event, IntrospectionRun, Session
 from tests.factories import KinFactory, MessageFactory, SessionFactory
+from tests.support.scripted_model import ScriptedProvider
 
 pytestmark = pytest.mark.browser
 

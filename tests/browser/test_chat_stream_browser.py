@@ -10,13 +10,14 @@ from itertools import pairwise
 import pytest
 from playwright.sync_api import expect
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMError
 from sessions_app import services
 from sessions_app.models import Event, IntrospectionRun, Turn
 from tests.browser.conftest import PASSWORD, TIMEOUT_MS, log_in
 from tests.factories import KinFactory, MessageFactory, SessionFactory
 from tests.support.held_model import HeldProvider
+from tests.support.scripted_model import ScriptedProvider
 
 pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("empty_turn_events")]
 

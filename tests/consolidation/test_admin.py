@@ -7,10 +7,11 @@ from django.urls import reverse
 
 from consolidation import services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMError
 from tests.consolidation.test_api import DOCUMENT, answer
 from tests.factories import ConsolidationRunFactory, ExperienceVersionFactory, UserFactory
+from tests.support.scripted_model import ScriptedProvider
 
 pytestmark = pytest.mark.django_db
 

@@ -9,10 +9,11 @@ from django.core.cache import cache
 
 from consolidation import services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMError
 from kinsite.models import ApiToken
 from tests.factories import ConsolidationRunFactory, ExperienceVersionFactory
+from tests.support.scripted_model import ScriptedProvider
 
 API = "/api/v1/"
 

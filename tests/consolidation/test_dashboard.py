@@ -10,9 +10,10 @@ from django.utils.html import escape
 
 from consolidation import services
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMError
 from tests.factories import ConsolidationRunFactory, ExperienceVersionFactory, KinFactory
+from tests.support.scripted_model import ScriptedProvider
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from memories.models import Memory
 from memories.services import Actor
 from sessions_app.introspection.services import introspection_request
 from sessions_app.models import Session
-from sessions_app.prompt import prompt_assemble
+from sessions_app.prompt.assembly import prompt_assemble
 from sessions_app.tasks import introspect_session_task
 from sessions_app.turns.services import turn_post
 from sessions_app.turns.tools import RECORD_LEARNING_TOOL, kin_toolset

@@ -4,16 +4,11 @@ import json
 
 import pytest
 
+from consolidation.prompt import answer_validate, canonical_sections, clean_markdown, word_count
 from consolidation.selectors import experience_current, experience_nested, experience_section
-from consolidation.services import (
-    answer_validate,
-    canonical_sections,
-    clean_markdown,
-    consolidation_run,
-    word_count,
-)
+from consolidation.services import consolidation_run
 from kinsite.llm.types import ChatResult
-from kinsite.prompt_templates import template_default
+from kinsite.prompt_template_kinds import template_default
 from tests.consolidation.conftest import SECTIONS, add_fact, answer, document, runs_of, state_of
 from tests.factories import KinFactory
 

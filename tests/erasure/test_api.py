@@ -183,7 +183,7 @@ def test_a_running_turn_on_their_message_makes_the_erasure_wait(api_client, zeld
 def test_what_a_compaction_would_fold_afterwards_holds_none_of_it(api_client, kin, zelda):
     """The summary that covered her message is gone, so the next compaction folds only what is
     left; the preview builds the very messages a compaction sends."""
-    from kinsite.prompt_templates import COMPACTION_DEFAULT
+    from kinsite.prompt_template_kinds import COMPACTION_DEFAULT
     from sessions_app.compaction import compaction_preview
 
     erase(api_client, sender="Zelda Quist", subject="Zelda")

@@ -8,16 +8,17 @@ from erasure.matching import Person
 from erasure.models import Erasure
 from erasure.services import erasure_run
 from kinsite.api.auth import TokenPrincipal
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.models import Membership
 from kinsite.services import api_token_issue
 from memories import services as memory_services
-from memories.search import memory_search
+from memories.search.selectors import memory_search
 from memories.services import Actor
 from sessions_app.models import Event
 from sessions_app.turns import events as turn_events
 from tests.erasure.conftest import HERS, build_zelda
 from tests.factories import MembershipFactory, UserFactory
+from tests.support.scripted_model import ScriptedProvider
 
 pytestmark = pytest.mark.usefixtures("empty_cache", "empty_turn_events")
 

@@ -5,18 +5,13 @@ import time
 import pytest
 
 from kinsite.llm.gateway import llm_chat, llm_embed
-from kinsite.llm.providers import (
-    OfflineProvider,
-    OpenAICompatibleProvider,
-    ScriptedProvider,
-    ScriptExhausted,
-    get_default_provider,
-    provider_override,
-)
+from kinsite.llm.openai_client import OpenAICompatibleProvider
+from kinsite.llm.providers import OfflineProvider, get_default_provider, provider_override
 from kinsite.llm.types import ChatResult, LLMBadResponse, LLMError, LLMHTTPError, LLMTimeout, ToolCall
 from kinsite.models import LLMCall, Team
 from tests.factories import KinFactory, TeamFactory
 from tests.support.outbound import closed_port
+from tests.support.scripted_model import ScriptedProvider, ScriptExhausted
 
 SEARCH_TOOL = {
     "name": "memory_search",

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from kinsite.llm.gateway import llm_chat
-from kinsite.llm.providers import estimate_prompt_tokens
+from kinsite.llm.replies import estimate_prompt_tokens
 from kinsite.llm.types import LLMBadResponse, LLMError, LLMStreamInterrupted, ToolCall
 from kinsite.models import LLMCall
 from kinsite.tokencount import count_tokens

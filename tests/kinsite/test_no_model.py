@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from consolidation.models import ConsolidationRun, Fact
 from consolidation.services import consolidation_nightly, fact_record
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.models import LLMCall
 from memories.models import Memory
 from sessions_app.compaction import compaction_request
@@ -16,6 +16,7 @@ from sessions_app.introspection.services import introspection_request
 from sessions_app.models import CompactionRun, IntrospectionRun, Session, Summary
 from sessions_app.tasks import compact_session_task, introspect_session_task
 from tests.factories import MessageFactory
+from tests.support.scripted_model import ScriptedProvider
 
 pytestmark = pytest.mark.django_db
 

@@ -9,16 +9,18 @@ from django.urls import reverse
 
 from kinsite.errors import InvalidInput
 from kinsite.models import PromptTemplate
-from kinsite.prompt_templates import (
+from kinsite.prompt_template_kinds import (
     KINDS,
-    TemplateError,
     template_default,
-    template_fields,
     template_headings,
     template_placeholders,
+    template_sample_values,
+)
+from kinsite.prompt_templates import (
+    TemplateError,
+    template_fields,
     template_render,
     template_resolve,
-    template_sample_values,
     template_validate,
 )
 from tests.factories import KinFactory, PromptTemplateFactory, UserFactory

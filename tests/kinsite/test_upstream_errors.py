@@ -8,7 +8,8 @@ import pytest
 from django.urls import reverse
 
 from kinsite.llm.gateway import llm_chat, llm_embed
-from kinsite.llm.providers import OpenAICompatibleProvider, provider_override
+from kinsite.llm.openai_client import OpenAICompatibleProvider
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMError
 from kinsite.models import LLMCall
 from sessions_app.models import Turn

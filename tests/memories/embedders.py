@@ -5,8 +5,8 @@ import math
 import random
 import re
 
-from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words
 from kinsite.llm.types import LLMError
+from tests.support.scripted_model import ScriptedProvider, hashed_bag_of_words
 
 # Words a real embedder would place together; the fake maps each to one concept word.
 SYNONYMS = {

@@ -3,10 +3,11 @@ nothing is added or hard-deleted there, and the change log is read-only."""
 import pytest
 from django.urls import reverse
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from memories.models import Memory, MemoryChange, MemoryVector
 from memories.services import Actor, memory_add
 from tests.factories import UserFactory
+from tests.support.scripted_model import ScriptedProvider
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from rest_framework.renderers import JSONRenderer
 
 from memories.api.serializers import MemoryHitSerializer, MemorySerializer, memory_body
 from memories.models import Memory
-from memories.search import MemoryHit, memory_search
+from memories.search.selectors import MemoryHit, memory_search
 from tests.factories import MemoryFactory
 
 pytestmark = pytest.mark.usefixtures("private_cache")

@@ -20,7 +20,8 @@ from kinsite.llm.providers import provider_override
 from memories import ranking, reembed, services, tasks, vectorindex
 from memories.embeddings import Embedding
 from memories.models import EmbeddingRun, Memory, MemoryVector
-from memories.search import hnsw, memory_search, vectors
+from memories.search import hnsw, vectors
+from memories.search.selectors import memory_search
 from memories.services import Actor
 from tests.factories import KinFactory, TeamFactory
 from tests.memories.embedders import SYNONYM_DIMENSIONS, DenseSynonymEmbedder, SynonymEmbedder

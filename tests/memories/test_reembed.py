@@ -17,16 +17,17 @@ from django.utils import timezone
 
 from kinsite.celery import app
 from kinsite.jobs import jobs_recover_stalled, jobs_requeue
-from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMError
 from kinsite.models import LLMCall
 from memories import reembed, services
 from memories.models import EmbeddingRun, Memory, MemoryVector
 from memories.ranking import vector_to_bytes
 from memories.reembed import REEMBED_JOBS, reembed_check, reembed_run, reembed_start
-from memories.search import memory_search
+from memories.search.selectors import memory_search
 from tests.factories import KinFactory, MembershipFactory, MemoryFactory, UserFactory
 from tests.support.clock import age
+from tests.support.scripted_model import ScriptedProvider, hashed_bag_of_words
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 

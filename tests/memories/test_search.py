@@ -6,14 +6,15 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from memories import services
 from memories.models import Memory
-from memories.search import memory_search
 from memories.search.candidates import matches_by_id
+from memories.search.selectors import memory_search
 from memories.services import Actor
 from tests.factories import KinFactory, MemoryFactory
 from tests.memories.embedders import BrokenEmbedder, SynonymEmbedder
+from tests.support.scripted_model import ScriptedProvider
 
 FILLER = [
     "The office plants need water on Mondays",

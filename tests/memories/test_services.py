@@ -4,13 +4,15 @@ retrieval counts."""
 
 import pytest
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.models import LLMCall
-from memories import ranking, search, services
+from memories import ranking, services
 from memories.models import Memory, MemoryChange, MemoryVector
+from memories.search import selectors as search
 from memories.services import Actor
 from tests.factories import KinFactory
 from tests.memories.embedders import BrokenEmbedder, NumberBlindEmbedder, SynonymEmbedder
+from tests.support.scripted_model import ScriptedProvider
 
 ACTOR = Actor(label="user:maria")
 

@@ -7,7 +7,8 @@ from django.test.utils import CaptureQueriesContext
 
 from memories import services
 from memories.models import Memory, MemoryTermCount
-from memories.search import memory_search, postgres
+from memories.search import postgres
+from memories.search.selectors import memory_search
 from memories.services import Actor
 from tests.factories import KinFactory, MemoryFactory
 

@@ -12,14 +12,16 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words, provider_override
+from kinsite.llm.providers import provider_override
 from memories import ranking, services
 from memories.embeddings import Embedding
 from memories.models import Memory, MemoryVector
-from memories.search import memory_find_duplicate, memory_search, vectors
+from memories.search import vector_matrix, vectors
+from memories.search.selectors import memory_find_duplicate, memory_search
 from memories.services import Actor
 from tests.factories import KinFactory
 from tests.memories.embedders import SynonymEmbedder
+from tests.support.scripted_model import ScriptedProvider, hashed_bag_of_words
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 
@@ -379,7 +381,7 @@ def test_prefilter_finds_every_duplicate_among_thousands_and_hundreds_of_neighbo
     embedding, rows = planted(team, kin, np.random.default_rng(1))
     cosines = exact(embedding, rows)
     expected = {i for i, c in cosines.items() if c >= ranking.DUPLICATE_MIN_COSINE}
-    assert len(expected) == 3 and len(rows) > 10 * vectors.DUPLICATE_SHORTLIST
+    assert len(expected) == 3 and len(rows) > 10 * vector_matrix.DUPLICATE_SHORTLIST
     vectors.nearest(team=team, kin=kin, include_shared=False, embedding=embedding, k=1)
     cached = vectors.vector_cache_bytes()
     found = duplicates(team, kin, embedding)
@@ -505,7 +507,7 @@ def test_prefilter_finds_a_duplicate_behind_more_near_misses_than_its_shortlist(
     rng = np.random.default_rng(9)
     query = unit(rng.standard_normal(DIMS))
     rows = [vector_row(team, kin, f"near miss n{n}", vector=at_cosine(query, 0.92, rng).tolist())
-            for n in range(4 * vectors.DUPLICATE_SHORTLIST)]
+            for n in range(4 * vector_matrix.DUPLICATE_SHORTLIST)]
     rows.append(vector_row(team, kin, "duplicate", vector=at_cosine(query, 0.935, rng).tolist()))
     create(rows, batch_size=1000)
     embedding = Embedding(vector=tuple(query.tolist()), model=MODEL)

@@ -7,11 +7,12 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from kinsite.llm.providers import hashed_bag_of_words
 from memories import ranking, services
 from memories.embeddings import Embedding
 from memories.models import Memory, MemoryVector
-from memories.search import memory_search, vectors
+from memories.search import vectors
+from memories.search.selectors import memory_search
+from tests.support.scripted_model import hashed_bag_of_words
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("private_cache")]
 

@@ -10,7 +10,7 @@ import pytest
 from django.core.cache import cache
 from django.db import connection, transaction
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMError, LLMHTTPError
 from kinsite.models import LLMCall
 from kinsite.tokencount import count_tokens
@@ -25,12 +25,13 @@ from sessions_app.compaction import (
     unsummarised_events,
 )
 from sessions_app.models import Event, Summary
-from sessions_app.prompt import prompt_assemble
+from sessions_app.prompt.assembly import prompt_assemble
 from sessions_app.prompt.history import HistoryItem
 from sessions_app.selectors import history_search
 from sessions_app.services import ImportItem, messages_import
 from sessions_app.tasks import compact_session_task
 from tests.factories import MessageFactory, PromptTemplateFactory
+from tests.support.scripted_model import ScriptedProvider
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 BUDGET = 300  # trigger above 225 tokens, keep the newest 75

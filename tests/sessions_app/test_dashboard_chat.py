@@ -9,13 +9,14 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMError
 from memories.models import Memory
 from sessions_app.models import Event, Turn
-from sessions_app.prompt import prompt_assemble
+from sessions_app.prompt.assembly import prompt_assemble
 from sessions_app.turns import services as turns
 from tests.factories import KinFactory, MemoryFactory, MessageFactory, SessionFactory
+from tests.support.scripted_model import ScriptedProvider
 
 pytestmark = pytest.mark.django_db
 

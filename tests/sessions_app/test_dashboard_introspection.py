@@ -11,11 +11,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMError
 from memories.models import Memory
 from sessions_app.models import IntrospectionRun, Session
 from tests.factories import IntrospectionRunFactory, KinFactory, MemoryFactory, MessageFactory, SessionFactory
+from tests.support.scripted_model import ScriptedProvider
 
 pytestmark = pytest.mark.django_db
 

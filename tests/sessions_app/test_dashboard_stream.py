@@ -11,11 +11,12 @@ from django.conf import settings
 from django.test import Client
 from django.urls import reverse
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMError
 from sessions_app import services
 from sessions_app.models import Event, IntrospectionRun, Summary, Turn
 from tests.factories import KinFactory, MembershipFactory, MessageFactory, SessionFactory, UserFactory
+from tests.support.scripted_model import ScriptedProvider
 from tests.support.sse import parse_sse
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_cache", "empty_turn_events")]

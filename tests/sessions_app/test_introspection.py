@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.llm.types import LLMHTTPError
 from memories.models import Memory, MemoryChange
 from sessions_app.introspection import services as introspection
@@ -32,6 +32,7 @@ from tests.factories import (
     SummaryFactory,
     TeamFactory,
 )
+from tests.support.scripted_model import ScriptedProvider
 
 SIX_TOOLS = {"memory_recall", "memory_add", "memory_update", "memory_delete", "working_memory_update",
              "session_description_update"}

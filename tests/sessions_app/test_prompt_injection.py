@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kinsite.prompt_safety import folded
-from kinsite.prompt_templates import template_default
+from kinsite.prompt_template_kinds import template_default
 from kinsite.tokencount import count_tokens
 from sessions_app.compaction import build_compaction_messages
 from sessions_app.introspection.converse import introspection_prompt, introspection_settings

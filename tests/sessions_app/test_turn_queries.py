@@ -11,7 +11,7 @@ from django.utils import timezone
 from kinsite.tokencount import count_tokens
 from memories.models import Memory
 from sessions_app.models import Event, Turn
-from sessions_app.prompt import prompt_assemble
+from sessions_app.prompt.assembly import prompt_assemble
 from sessions_app.turns.services import turn_post
 from tests.factories import KinFactory, SessionFactory
 

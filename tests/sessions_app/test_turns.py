@@ -398,7 +398,7 @@ def test_a_turn_prompt_ends_at_its_own_message_and_the_tool_rounds_it_already_st
     """The history cut, without running the turn: messages posted after the turn's own (stored
     meanwhile, queued behind it) are left out; the tool round its earlier attempt stored comes
     after its message, as in the attempt itself."""
-    from sessions_app.prompt import prompt_assemble
+    from sessions_app.prompt.assembly import prompt_assemble
 
     MessageFactory(session=chat_session, content="Earlier question", role="user", sender="Tom")
     first, later = queue_without_running(chat_session, ["Remember Friday.", "And Monday?"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from kinsite.llm.providers import ScriptedProvider
+from tests.support.scripted_model import ScriptedProvider
 
 
 class HeldProvider(ScriptedProvider):

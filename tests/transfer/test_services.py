@@ -8,12 +8,13 @@ import uuid
 import pytest
 
 from consolidation.models import ConsolidationRun, ExperienceVersion, Fact
-from kinsite.llm.providers import ScriptedProvider, hashed_bag_of_words, provider_override
+from kinsite.llm.providers import provider_override
 from kinsite.models import Kin, PromptTemplate
 from memories.models import Memory, MemoryChange, MemoryVector
-from memories.search import memory_search
+from memories.search.selectors import memory_search
 from sessions_app.models import Event, MessageCount, Session, Summary, Turn
 from sessions_app.selectors import history_search
+from tests.support.scripted_model import ScriptedProvider, hashed_bag_of_words
 from tests.transfer.conftest import normalise, table_counts
 from transfer.models import KinImport
 from transfer.selectors import kin_export_document

@@ -2,7 +2,7 @@
 and lineage narrative, within the character budget, whole lines only."""
 from workflows.canvas import canvas_text
 from workflows.lineage import EdgeInfo, GraphInfo, NodeInfo
-from workflows.nodes import config_fingerprint
+from workflows.nodes.base import config_fingerprint
 from workflows.selectors import describe_node_info
 
 

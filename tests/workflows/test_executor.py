@@ -7,7 +7,7 @@ from kinsite.models import LLMCall
 from workflows import services
 from workflows.executor import workflow_run_wave
 from workflows.models import Node, NodeResult, NodeRun, WorkflowRun
-from workflows.nodes import config_fingerprint
+from workflows.nodes.base import config_fingerprint
 
 pytestmark = pytest.mark.django_db
 

@@ -10,11 +10,13 @@ import jsonschema
 import pytest
 
 from workflows.lineage import (
-    OPENLINEAGE_RUN_EVENT_SCHEMA,
     EdgeInfo,
     GraphInfo,
     NodeInfo,
     collect_lineage,
+)
+from workflows.lineage_exports import (
+    OPENLINEAGE_RUN_EVENT_SCHEMA,
     lineage_to_json,
     lineage_to_openlineage,
     lineage_to_prov,

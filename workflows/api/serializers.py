@@ -5,7 +5,8 @@ serializer cannot express)."""
 from rest_framework import serializers
 
 from workflows.models import Node, NodeRun, Workflow, WorkflowRun
-from workflows.nodes import config_fingerprint, describe
+from workflows.nodes.base import config_fingerprint
+from workflows.nodes.registry import describe
 from workflows.services import DESCRIPTION_MAX_CHARS, workflow_export
 
 LINEAGE_FORMATS = ["json", "narrative", "prov", "openlineage"]

@@ -1,6 +1,7 @@
 """What the node-type tests share: a few people as records, and a runner that checks the
 config against the schema first."""
-from workflows.nodes import NODE_TYPES, RunContext, validate_params
+from workflows.nodes.base import RunContext, validate_params
+from workflows.nodes.registry import NODE_TYPES
 
 PEOPLE = [
     {"id": 1, "name": "Ada", "city": "London", "age": 36, "email": "ada@example.org"},

@@ -2,7 +2,7 @@
 import pytest
 
 from tests.workflows.nodes.support import PEOPLE, run
-from workflows.nodes import describe
+from workflows.nodes.registry import describe
 
 
 def test_filter_with_and_compares_numbers_as_numbers():

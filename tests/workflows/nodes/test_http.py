@@ -21,7 +21,8 @@ from tests.support.outbound import (
     scripted_dns,
 )
 from tests.workflows.nodes.support import PEOPLE, run
-from workflows.nodes import NODE_TYPES, NodeError, RunContext, describe, validate_params
+from workflows.nodes.base import NodeError, RunContext, validate_params
+from workflows.nodes.registry import NODE_TYPES, describe
 
 SECRET = {"token": "s3cret-from-the-inside"}
 

@@ -4,9 +4,12 @@ import json
 
 import pytest
 
-from kinsite.llm.providers import ScriptedProvider, provider_override
+from kinsite.llm.providers import provider_override
+from tests.support.scripted_model import ScriptedProvider
 from tests.workflows.nodes.support import PEOPLE, run
-from workflows.nodes import NODE_TYPES, NodeError, RunContext, describe, llm, validate_params
+from workflows.nodes import llm
+from workflows.nodes.base import NodeError, RunContext, validate_params
+from workflows.nodes.registry import NODE_TYPES, describe
 
 
 @pytest.mark.django_db

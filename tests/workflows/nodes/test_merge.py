@@ -1,6 +1,6 @@
 """The merge node: inner and left joins of two inputs on a key."""
 from tests.workflows.nodes.support import PEOPLE, run
-from workflows.nodes import describe
+from workflows.nodes.registry import describe
 
 
 def test_merge_inner_and_left_join_on_key():

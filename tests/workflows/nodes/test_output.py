@@ -1,6 +1,6 @@
 """The table_output node: passes records through; its sentence counts rows."""
 from tests.workflows.nodes.support import PEOPLE, run
-from workflows.nodes import describe
+from workflows.nodes.registry import describe
 
 
 def test_table_output_passes_records_through_and_says_how_many_rows():

@@ -2,7 +2,8 @@
 null optional parameters meaning their default, the generic sentence of an unknown type."""
 import pytest
 
-from workflows.nodes import NODE_TYPES, NodeType, Param, RunContext, describe, register, validate_params
+from workflows.nodes.base import NodeType, Param, RunContext, validate_params
+from workflows.nodes.registry import NODE_TYPES, describe, register
 
 
 @pytest.mark.parametrize(

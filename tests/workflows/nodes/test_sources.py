@@ -1,6 +1,6 @@
 """The sources that hold their records in their config: inline records and a CSV upload."""
 from tests.workflows.nodes.support import PEOPLE, run
-from workflows.nodes import describe
+from workflows.nodes.registry import describe
 
 
 def test_inline_records_source_and_sentence():

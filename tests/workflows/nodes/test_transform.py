@@ -2,7 +2,8 @@
 import pytest
 
 from tests.workflows.nodes.support import PEOPLE, run
-from workflows.nodes import NODE_TYPES, describe, validate_params
+from workflows.nodes.base import validate_params
+from workflows.nodes.registry import NODE_TYPES, describe
 
 
 def test_transform_renames_and_extracts():
