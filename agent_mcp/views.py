@@ -35,7 +35,7 @@ def _unauthorized(code: str, message: str) -> JsonResponse:
 
 
 def _authenticate(request) -> TokenPrincipal | JsonResponse:
-    """The token's principal, or the 401 the API would answer (SPEC §11's error shape)."""
+    """The token's principal, or the 401 the API would answer (the API's error shape, docs/api.md)."""
     try:
         authenticated = BearerTokenAuthentication().authenticate(request)
     except exceptions.AuthenticationFailed as exc:

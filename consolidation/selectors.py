@@ -1,4 +1,4 @@
-"""Reads of the fact ledger, the experience document and consolidation runs (SPEC §8)."""
+"""Reads of the fact ledger, the experience document and consolidation runs."""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,4 @@
-"""Writes of the fact ledger and consolidation (SPEC §8): fact_record() appends learnings;
+"""Writes of the fact ledger and consolidation: fact_record() appends learnings;
 consolidation_run() folds a kin's pending facts into a new version of its experience
 document: template → prompt → model → validation in code (one corrective retry) → one
 transaction (consolidation_apply). consolidation_request() queues a run for a worker

@@ -129,7 +129,7 @@ class ScopedRawIdWidget(ForeignKeyRawIdWidget):
 
 
 class TeamScopedAdminMixin:
-    """Staff who are not superusers see, open and choose only their teams' rows (SPEC §3):
+    """Staff who are not superusers see, open and choose only their teams' rows:
     the list and every object page (another team's id answers like a missing one), the
     choices of every foreign key (team, kin, session...), list filters and autocompletes.
     For ModelAdmins and inlines alike."""

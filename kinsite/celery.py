@@ -28,7 +28,7 @@ app.conf.beat_schedule = {
     # Every minute, for every kind of job (kinsite.jobs: chat turns, introspection, compaction,
     # consolidation, re-embedding and workflow runs): send again the pending jobs without a queued task, those
     # requested while Redis was down (the API answered 503 and kept them) or whose task was
-    # lost with Redis's data in a restart, so they run once the broker is back (SPEC §13:
+    # lost with Redis's data in a restart, so they run once the broker is back (docs/deployment.md:
     # nothing is lost).
     "requeue-pending-jobs": {
         "task": "kinsite.tasks.requeue_jobs_task",

@@ -109,7 +109,7 @@ class Kin(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        # The table kept its name when the model moved here from sessions_app (issue 15).
+        # The table kept its name when the model moved here from sessions_app .
         db_table = "sessions_app_kin"
         ordering = ["id"]
 

@@ -1,4 +1,4 @@
-"""Outbound HTTP made on a team's behalf, guarded against SSRF (SPEC §13): only http(s), the
+"""Outbound HTTP made on a team's behalf, guarded against SSRF: only http(s), the
 host resolved once and every address checked (loopback, private, link-local, multicast,
 reserved and metadata addresses are refused unless the operator's Policy allows them), the
 connection made to exactly the checked address, redirects followed by hand and checked the

@@ -1,4 +1,4 @@
-"""How stored, untrusted text is placed in a prompt (SPEC §13): names, messages, memories,
+"""How stored, untrusted text is placed in a prompt: names, messages, memories,
 facts, documents, notes, node labels. Pure functions; every prompt builder uses them.
 
 The rule, in three renderings:

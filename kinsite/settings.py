@@ -208,7 +208,7 @@ LOGOUT_REDIRECT_URL = "login"
 
 # --- API ------------------------------------------------------------------------
 # The largest request body (API bodies answer 413 over it, dashboard forms 400). Django's
-# 2.5 MB default is too tight for an import of 1,000 messages (SPEC §11) of a few kB each.
+# 2.5 MB default is too tight for an import of 1,000 messages of a few kB each.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["kinsite.api.auth.BearerTokenAuthentication"],
@@ -258,7 +258,7 @@ API_THROTTLE_RATES = {
 WEB_READ_TIMEOUT_SECONDS = env_float("WEB_READ_TIMEOUT_SECONDS", 10.0)
 
 # --- Kinsite --------------------------------------------------------------------
-# The LLM gateway (SPEC §10). No LLM_BASE_URL: the offline provider answers.
+# The LLM gateway. No LLM_BASE_URL: the offline provider answers.
 LLM_BASE_URL = env_str("LLM_BASE_URL", "")
 LLM_API_KEY = env_str("LLM_API_KEY", "")
 LLM_MODEL = env_str("LLM_MODEL", "gpt-4o-mini")
@@ -273,10 +273,10 @@ KIN_MAX_TOOL_CALLS = env_int("KIN_MAX_TOOL_CALLS", 8)
 # How many times a turn that our own service stopped before its reply (Redis or the broker
 # unreachable, the session lock lost or waited out) goes back to the queue before it is failed.
 TURN_AUTO_RETRIES = env_int("TURN_AUTO_RETRIES", 5)
-# CURRENT CANVAS (SPEC §9): the most characters a workflow-attached session's canvas takes.
+# CURRENT CANVAS: the most characters a workflow-attached session's canvas takes.
 CANVAS_MAX_CHARS = env_int("CANVAS_MAX_CHARS", 1_500)
 # The "JSON over HTTP" workflow source: the time one fetch may take in all (lookup, connects,
-# redirects, body) and the largest body it reads. Its SSRF policy (SPEC §13, kinsite/netguard.py):
+# redirects, body) and the largest body it reads. Its SSRF policy (docs/deployment.md, kinsite/netguard.py):
 # loopback, private, link-local, multicast, reserved and metadata addresses are refused unless
 # allowed here: host names, IPs or CIDRs in ALLOWED_HOSTS (comma-separated), or every address but
 # the cloud metadata ones with ALLOW_PRIVATE.
@@ -287,13 +287,13 @@ for _entry in WORKFLOW_HTTP_ALLOWED_HOSTS:
     if _problem := allow_list_problem(_entry):
         raise ImproperlyConfigured(f"WORKFLOW_HTTP_ALLOWED_HOSTS: {_entry!r} {_problem}.")
 WORKFLOW_HTTP_ALLOW_PRIVATE = env_bool("WORKFLOW_HTTP_ALLOW_PRIVATE", False)
-# Compaction (SPEC §5): when un-summarised history passes TRIGGER × the kin's history
+# Compaction: when un-summarised history passes TRIGGER × the kin's history
 # budget, everything but the newest COMPACTION_KEEP_TOKENS is folded into a summary
 # (0, the default: a quarter of the kin's budget, so it follows per-kin budgets).
 COMPACTION_TRIGGER_RATIO = env_float("COMPACTION_TRIGGER_RATIO", 0.75)
 COMPACTION_KEEP_TOKENS = env_int("COMPACTION_KEEP_TOKENS", 0)
 MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 100_000)
-# Introspection (SPEC §7): a background agent run that distils a session into memories,
+# Introspection: a background agent run that distils a session into memories,
 # its working memory and its description. Each kin may override any key in
 # Kin.overrides["introspection"]; model None (empty) is the kin's own model.
 INTROSPECTION = {
@@ -303,7 +303,7 @@ INTROSPECTION = {
     "max_tool_calls": env_int("INTROSPECTION_MAX_TOOL_CALLS", 10),
     "model": env_str("INTROSPECTION_MODEL", "") or None,
 }
-# Consolidation (SPEC §8): the nightly run's local time in each team's time zone (the
+# Consolidation: the nightly run's local time in each team's time zone (the
 # spec's CONSOLIDATION_CRON, 02:00; the beat ticks every 15 minutes and the service decides
 # per team), the experience document's word limit, how many pending facts one run folds in
 # (the rest wait for the next run) and how many earlier facts it shows for reference, and
@@ -325,7 +325,7 @@ SEARCH_MAX_QUERY_CHARS = env_int("SEARCH_MAX_QUERY_CHARS", 5_000)
 SEARCH_DEFAULT_LIMIT = env_int("SEARCH_DEFAULT_LIMIT", 10)
 SEARCH_MAX_LIMIT = env_int("SEARCH_MAX_LIMIT", 100)
 
-# Memory search (SPEC §6): how many memories a search returns at most, and the
+# Memory search: how many memories a search returns at most, and the
 # recency half-life of each category in days (facts and knowledge decay slowly,
 # decisions fast).
 MEMORY_TOP_K = env_int("MEMORY_TOP_K", 10)

@@ -48,7 +48,7 @@ urlpatterns = [
     # /mcp as well as /mcp/: clients are configured with either, and a POST cannot follow
     # APPEND_SLASH's redirect.
     re_path(r"^mcp/?", include("agent_mcp.urls")),
-    # The kin admin moved with the model from sessions_app to kinsite (issue 15); old links lead there.
+    # The kin admin moved with the model from sessions_app to kinsite ; old links lead there.
     re_path(r"^admin/sessions_app/kin/(?P<rest>.*)$",
             RedirectView.as_view(url="/admin/kinsite/kin/%(rest)s", query_string=True)),
     path("admin/", admin.site.urls),

@@ -1,4 +1,4 @@
-"""The activity feed of a kin or of a team (issue 16): chat turns, introspection, compaction,
+"""The activity feed of a kin or of a team : chat turns, introspection, compaction,
 consolidation and workflow runs and model calls in one list, newest first, filtered by kind
 and status and paged by a keyset cursor. It reads every app's rows, so it lives in the top
 layer (sessions_app may import every other app; see pyproject's import-linter contract).

@@ -1,4 +1,4 @@
-"""Compaction (SPEC §5): fold a session's older history into a structured summary once
+"""Compaction: fold a session's older history into a structured summary once
 it outgrows its share of the kin's history budget. Raw events are never changed; the
 newest Summary of a session marks the boundary the prompt builder reads from.
 

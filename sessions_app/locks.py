@@ -1,4 +1,4 @@
-"""A per-session lock, so two turns of one session run one after the other (SPEC §4).
+"""A per-session lock, so two turns of one session run one after the other.
 
 With REDIS_URL it is a Redis lock, shared by every web process and Celery worker;
 without it (the embedded SQLite mode: one process) a threading lock per session.

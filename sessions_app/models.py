@@ -16,7 +16,7 @@ class Session(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     last_activity_at = models.DateTimeField(default=timezone.now)
-    # A session attached to a workflow gets CURRENT CANVAS in its prompt (SPEC §9).
+    # A session attached to a workflow gets CURRENT CANVAS in its prompt.
     workflow = models.ForeignKey(
         "workflows.Workflow", null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions"
     )
@@ -119,7 +119,7 @@ class Event(models.Model):
 
 class MessageCount(models.Model):
     """How many messages a session holds per (role, sender, platform), and the newest
-    one's time: the prompt's participants and conversation counts (SPEC §4) read these
+    one's time: the prompt's participants and conversation counts read these
     few rows instead of every message of the session. Kept by database triggers on the
     event table (migration 0008), so every way a message is written or removed (a turn,
     an import whose duplicates the database skips, a cascade) counts exactly once;

@@ -154,7 +154,7 @@ _SEEDS_WITH_NEIGHBOURS = f"""
     )
 """
 # Scope statistics for BM25 on PostgreSQL are read at query time, each at a cost that
-# does not grow with the history (issue 19): the number of messages from MessageCount
+# does not grow with the history : the number of messages from MessageCount
 # (a few rows per session, kept by triggers), and the average message length from at
 # most this many of the scope's messages (whichever the index yields first, not a random
 # sample); message lengths do not drift much over a conversation, so an estimate is

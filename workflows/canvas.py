@@ -1,4 +1,4 @@
-"""CURRENT CANVAS (SPEC §9): what a session attached to a workflow sees of it in every
+"""CURRENT CANVAS: what a session attached to a workflow sees of it in every
 turn's prompt — the node inventory, then each terminal node's record counts and lineage
 narrative, within a character budget. Pure: a selector reads the graph once and hands it
 over; the text is computed per turn and never stored."""

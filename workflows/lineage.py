@@ -1,4 +1,4 @@
-"""Lineage of a workflow node (SPEC §9): its upstream subgraph, a narrative of how
+"""Lineage of a workflow node: its upstream subgraph, a narrative of how
 its records came to be (its exports are workflows.lineage_exports).
 
 Pure functions over plain data: a selector reads the workflow once and hands over a

@@ -117,7 +117,7 @@ def node_lineage_narrative(*, workflow: Workflow, client_id: str, max_chars: int
 
 
 def workflow_canvas(*, workflow: Workflow, max_chars: int | None = None) -> str:
-    """CURRENT CANVAS for a session attached to `workflow` (SPEC §9): the graph is read once
+    """CURRENT CANVAS for a session attached to `workflow`: the graph is read once
     (the three queries of workflow_graph_info, whatever its size); computed per turn, never stored."""
     return canvas_text(
         workflow_name=workflow.name, graph=workflow_graph_info(workflow=workflow), describe=describe_node_info,

@@ -1,5 +1,5 @@
 """API views for a kin's fact ledger, on-demand consolidation, the consolidation audit
-and the experience document (SPEC §8, §11). Reads come from consolidation.selectors
+and the experience document. Reads come from consolidation.selectors
 through the kin of the token's team (another team's kin answers 404); writes go
 through consolidation.services."""
 import json

@@ -1,4 +1,4 @@
-"""The API's error shape, SPEC §11: {"error": {"code", "message", "details"}}."""
+"""The API's error shape (docs/api.md): {"error": {"code", "message", "details"}}."""
 import logging
 
 from django.core.exceptions import PermissionDenied

@@ -1,5 +1,5 @@
 """The API's JSON parser (REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"]): DRF's, plus the limits
-that keep bad bodies a clear 4xx (SPEC §13) instead of a 500 somewhere later.
+that keep bad bodies a clear 4xx instead of a 500 somewhere later.
 
 - A body over DATA_UPLOAD_MAX_MEMORY_SIZE answers 413, read no further than the limit.
 - Nesting deeper than MAX_DEPTH answers 400. Python's json raises RecursionError (not

@@ -1,4 +1,4 @@
-"""OpenAPI schema additions for drf-spectacular: Bearer auth, and the SPEC §11 error shape
+"""OpenAPI schema additions for drf-spectacular: Bearer auth, and the API's error shape
 documented on every operation for each error status it can answer."""
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
@@ -23,7 +23,7 @@ class ErrorSerializer(serializers.Serializer):
 
 
 class ErrorResponseSerializer(serializers.Serializer):
-    """Every API error (SPEC §11): {"error": {"code", "message", "details"}}."""
+    """Every API error: {"error": {"code", "message", "details"}}."""
 
     error = ErrorSerializer()
 

@@ -1,4 +1,4 @@
-"""Per-token rate limits for the endpoints that call a model or start a job (SPEC §13), and
+"""Per-token rate limits for the endpoints that call a model or start a job, and
 for the one read that holds a connection open (following a turn's events).
 
 A view opts in with `throttle_classes = [TokenRateThrottle]` and `throttle_scope = "chat"`
@@ -74,7 +74,7 @@ class TokenRateThrottle(SimpleRateThrottle):
 
     def throttle_failure(self):
         # Raised here rather than returning False, so the message can name the scope and
-        # its limit; DRF's handler adds Retry-After and ours the SPEC §11 shape.
+        # its limit; DRF's handler adds Retry-After and ours the API's error shape.
         raise exceptions.Throttled(
             wait=self.wait(),
             detail=f"Rate limit exceeded for {self.scope} requests with this token ({self.rate}).",

@@ -1,1 +1,1 @@
-"""The LLM gateway (SPEC §10): providers for chat and embeddings, and the logged entry points."""
+"""The LLM gateway: providers for chat and embeddings, and the logged entry points."""

@@ -160,7 +160,7 @@ class SessionViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
 
 
 class SessionMessageListView(EventStreamMixin, ListAPIView):
-    """GET: history of a session, oldest first. POST: a chat turn (SPEC §4); with
+    """GET: history of a session, oldest first. POST: a chat turn; with
     `Accept: text/event-stream`, the same turn as server-sent events (turns/stream.py)."""
 
     serializer_class = MessageSerializer
@@ -344,7 +344,7 @@ class KinHistorySearchView(_HistorySearchView):
 
 
 class SessionCheckpointView(APIView):
-    """POST: introspect the session now (SPEC §7). Answers 202 with the queued run (an
+    """POST: introspect the session now. Answers 202 with the queued run (an
     already queued run is reused); poll GET /sessions/{id}/introspections/ for its outcome."""
 
     throttle_classes = [TokenRateThrottle]

@@ -386,7 +386,7 @@ def _apply(*, run: IntrospectionRun, session: Session, state: IntrospectionState
 
 def _record_facts(*, kin: Kin, run: IntrospectionRun, touched: list[dict[str, Any]]) -> None:
     """Every memory the run added or changed also lands in the fact ledger as a pending
-    fact (SPEC §7, §8), in the run's final transaction: the memory's text as it now stands."""
+    fact, in the run's final transaction: the memory's text as it now stands."""
     changed = [item["id"] for item in touched if item["action"] in ("created", "merged_with_existing", "updated")]
     memories = Memory.objects.in_bulk(changed)
     for memory_id in changed:

@@ -1,4 +1,4 @@
-"""The six tools of an introspection run (SPEC §7) — memory_recall, memory_add,
+"""The six tools of an introspection run — memory_recall, memory_add,
 memory_update, memory_delete, working_memory_update, session_description_update — and
 nothing else.
 

@@ -1,4 +1,4 @@
-"""The prompt of a chat turn (SPEC §4): the database reads (reads.py), the pure sections
+"""The prompt of a chat turn: the database reads (reads.py), the pure sections
 (sections.py) and history selection (history.py), and here their assembly. The chat turn
 and the prompt preview both go through `prompt_assemble`, so the preview is exactly what
 a turn would send."""

@@ -1,4 +1,4 @@
-"""Pure history selection (SPEC §4): the newest messages after the compaction boundary that fit a token budget."""
+"""Pure history selection: the newest messages after the compaction boundary that fit a token budget."""
 from collections.abc import Sequence
 from typing import NamedTuple
 

@@ -1,4 +1,4 @@
-"""The prompt's database reads, a fixed number of them (SPEC §4, §14): the kin, the
+"""The prompt's database reads, a fixed number of them: the kin, the
 compaction boundary, participants and counts, the history that fits the budget, and the
 relevant memories, handed to the pure builders (sections, history) as PromptInputs and
 history entries. Assembly is sessions_app.prompt.assembly.prompt_assemble."""
@@ -195,7 +195,7 @@ def _session_extras(session: Session) -> SessionExtras:
 
 
 def _canvas(session: Session, workflow_name: str | None) -> str:
-    """CURRENT CANVAS of the attached workflow (SPEC §9), or "". Its name comes with the
+    """CURRENT CANVAS of the attached workflow, or "". Its name comes with the
     session extras; the graph is read per turn (three queries whatever its size), never stored."""
     if session.workflow_id is None or workflow_name is None:
         return ""
@@ -319,7 +319,7 @@ def prompt_inputs_for(
     now = now or timezone.now()
     # The session and kin rows are the caller's (the turn and the preview read them just
     # before); what else the prompt needs comes in one statement, so a turn's query count
-    # is fixed and small (SPEC §14).
+    # is fixed and small.
     kin = session.kin
     budget = kin.effective_history_budget
     extras = _session_extras(session)

@@ -1,8 +1,8 @@
-"""The system prompt's sections (SPEC §4), pure: plain inputs in, ordered sections out; no database.
+"""The system prompt's sections, pure: plain inputs in, ordered sections out; no database.
 
 Stored text (names, memories, the experience document, the canvas, the summary, the
 session's notes) is untrusted: it goes through kinsite.prompt_safety, so it can never
-start a section, close a block or pose as an instruction (SPEC §13)."""
+start a section, close a block or pose as an instruction."""
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -330,7 +330,7 @@ def _stable_tokens(count_tokens: Callable[[str], int], rendered: str) -> int:
 
 
 def build_sections(inputs: PromptInputs, *, count_tokens: Callable[[str], int]) -> list[Section]:
-    """The SPEC §4 sections in their fixed order, stable ones first, empty ones omitted.
+    """The docs/concepts/sessions.md sections in their fixed order, stable ones first, empty ones omitted.
     A section's token count covers its rendered block (heading included), so the sum
     tracks the prompt actually sent."""
     now = inputs.now

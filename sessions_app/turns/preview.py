@@ -1,4 +1,4 @@
-"""The prompt preview (SPEC §4): exactly what a turn would send for a message, as plain data:
+"""The prompt preview: exactly what a turn would send for a message, as plain data:
 the sections with their token counts, the selected history, the tools and the totals. The
 API's GET /sessions/{id}/prompt/ and the MCP server's prompt_preview tool both serve it.
 Reading it changes nothing (memories served here do not count as retrieved)."""

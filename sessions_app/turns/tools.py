@@ -1,6 +1,6 @@
-"""The kin's tools in a chat turn (SPEC §4): the memory tools, `search_history`,
-`record_learning` (a pending fact for the nightly consolidation, SPEC §8) and, in a
-session attached to a workflow, `workflow_lineage` (SPEC §9).
+"""The kin's tools in a chat turn: the memory tools, `search_history`,
+`record_learning` (a pending fact for the nightly consolidation, docs/concepts/consolidation.md) and, in a
+session attached to a workflow, `workflow_lineage`.
 
 Every handler takes a kinsite.tools.ToolContext and the raw arguments string, and
 returns text for the model ("Error: ..." for unusable arguments, never an exception);

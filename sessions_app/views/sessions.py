@@ -324,7 +324,7 @@ def _post_partial(request, chat_session, *, entries, form, error=""):
 @require_safe
 @team_required
 def session_prompt_preview(request, session_id: int):
-    """What a turn would send for the typed text (SPEC §4): the same prompt_assemble a
+    """What a turn would send for the typed text: the same prompt_assemble a
     turn calls; assembling only reads, so previewing changes nothing."""
     chat_session = selectors.session_get(team=request.team, session_id=session_id)
     form = PreviewForm(request.GET)

@@ -1,5 +1,5 @@
 """API: a kin's export as one kin document, and the import of such a document as a new kin
-of the token's team (SPEC §11; the format is transfer.format's)."""
+of the token's team (the format is transfer.format's)."""
 from django.utils.text import slugify
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status

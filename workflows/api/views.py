@@ -1,4 +1,4 @@
-"""API views for workflows (SPEC §11): list/create, read/replace/delete, run, and a node's
+"""API views for workflows: list/create, read/replace/delete, run, and a node's
 lineage. Reads come from workflows.selectors (scoped to the token's team); writes go
 through workflows.services."""
 

@@ -1,4 +1,4 @@
-"""What every node type shares (SPEC §9): the NodeType base a plug-in subclasses, its
+"""What every node type shares: the NodeType base a plug-in subclasses, its
 parameter schema (Param, validate_params), what a run hands it (RunContext, NodeError),
 the helpers runners and describers have in common, and the config fingerprint.
 

@@ -29,7 +29,7 @@ def fetch_json(url: str, *, ctx: RunContext) -> Any:
         logger.warning("http_json fetch of %s refused or failed (team %s, node %s): %s", url,
                        getattr(ctx.team, "pk", None), getattr(ctx.node, "pk", None), reason)
         # One sentence for every refusal and failure: if a refused address, a closed port, a
-        # timeout and a wrong answer read differently, the node becomes a port scanner (SPEC §13).
+        # timeout and a wrong answer read differently, the node becomes a port scanner.
         raise NodeError(
             f"Could not fetch JSON from {url}: the address is not allowed or not reachable, or the answer was "
             f"an error, too slow, too large or not JSON (limits: {timeout:g} s, {max_bytes} bytes). "

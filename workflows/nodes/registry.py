@@ -1,4 +1,4 @@
-"""The node-type registry (SPEC §9): every node type the executor can run, by name, and the
+"""The node-type registry: every node type the executor can run, by name, and the
 one-sentence description of any node. A node type is a plug-in: a NodeType subclass in its
 own module of this package (see base.py), registered below.
 
