@@ -4,6 +4,7 @@ directory, checked over HTTP."""
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -12,14 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.outbound import closed_port
-
 REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
-    """A port on 127.0.0.1 to start a server on (nothing listens on it yet)."""
-    return closed_port()
+    """A port on 127.0.0.1 to start a server on: bound, then released for the server to take
+    (tests/support/outbound.closed_port keeps its port bound, so no server could)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def embedded_env(data_dir: Path) -> dict:
