@@ -29,7 +29,7 @@ if SECRET_KEY == DEVELOPMENT_SECRET_KEY and not DEBUG and not _TEST_RUN:
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
-# --- HTTPS (README "Deployment"): all off by default, so plain-HTTP runs (scripts/serve,
+# --- HTTPS (docs/deployment.md): all off by default, so plain-HTTP runs (scripts/serve,
 # a gunicorn on a private network) work; a deployment behind TLS turns them on.
 # The TLS proxy's header saying the request came over HTTPS, "HEADER,value", e.g.
 # "HTTP_X_FORWARDED_PROTO,https". Only set it when the proxy always sets (or strips) that

@@ -67,7 +67,7 @@ def model_not_configured_message(work: str) -> str:
     """The refusal for `work` ("Consolidation", ...) when chat_model_configured() is False."""
     return (f"{work} needs a language model, and none is configured: LLM_BASE_URL is empty. Set LLM_BASE_URL "
             f"(and LLM_API_KEY, LLM_MODEL) to an OpenAI-compatible endpoint to enable introspection, compaction, "
-            f"consolidation and real chat replies; see the README's \"What runs without a model\".")
+            f"consolidation and real chat replies; see docs/getting-started.md, \"What runs without a model\".")
 
 
 class OfflineProvider:
