@@ -171,8 +171,8 @@ def job_release(kind: JobKind, job_id: int, *, statuses: tuple[str, ...] = (RUNN
 
 
 def _marker_current(marker, released_at: datetime | None) -> bool:
-    """Whether a queued marker stands for a task sent since the job's last release. A marker
-    without a time (written before markers carried one) counts only for a job never released."""
+    """Whether a queued marker stands for a task sent since the job's last release (an untimed
+    marker, from before markers carried one, counts only for a job never released)."""
     if released_at is None:
         return True
     return isinstance(marker, float) and marker >= released_at.timestamp()
@@ -183,9 +183,7 @@ def _marker_current(marker, released_at: datetime | None) -> bool:
 
 def jobs_requeue(kind: JobKind, *, now: datetime | None = None) -> list[int]:
     """Send again the pending jobs of `kind` older than requeue_after with no queued marker;
-    their ids. A marker lost on its own costs only a duplicate task (job_claim). Reads the
-    oldest requeue_batch pending jobs (a partial index); with Redis down it stops until beat's
-    next run."""
+    their ids. A marker lost on its own costs only a duplicate task (job_claim)."""
     cutoff = (now or timezone.now()) - kind.requeue_after
     released_at = (kind.released_at_field,) if kind.released_at_field else ()
     rows = (kind.objects.filter(status=PENDING, created_at__lte=cutoff)
@@ -210,12 +208,10 @@ def jobs_requeue(kind: JobKind, *, now: datetime | None = None) -> list[int]:
 
 
 def jobs_recover_stalled(kind: JobKind, *, now: datetime | None = None) -> Recovered:
-    """Take over the jobs of `kind` left running by a process that stopped (running longer
-    than stalled_after() and kind.free): kind.give_up decides whether each goes back to
-    pending and is sent again, or is failed. Each write is conditional on the job still being
-    stalled, so one that ended or was claimed since it was read is left alone. Reads the
-    stalled_batch longest-running jobs (a partial index); with Redis down it stops until
-    beat's next run."""
+    """Take over the jobs of `kind` left running by a process that stopped (running longer than
+    stalled_after(), and kind.free): kind.give_up decides whether each is sent again or failed.
+    Each write is conditional on the job still being stalled, so one that ended or was claimed
+    since it was read is left alone."""
     now = now or timezone.now()
     cutoff = now - kind.stalled_after()
     candidates = list(
