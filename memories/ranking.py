@@ -27,11 +27,9 @@ from kinsite.textsearch import STOP_WORDS
 
 # --- constants (why each value) ---------------------------------------------------------------
 
-# Text and vector signals weigh the same when both exist: BM25 is precise on names and
-# rare words, vectors catch rewordings. Each is scaled by the best candidate's, so both span
-# 0..1 whatever the embedder's range (MiniLM gives a question and its answer ~0.4–0.7, which
-# a fixed (cosine - floor) / (1 - floor) never let weigh as much as the words). Chosen on
-# LoCoMo over a fixed scale and reciprocal-rank fusion (docs/benchmarks.md).
+# Text and vector signals weigh the same: BM25 is precise on names and rare words, vectors
+# catch rewordings. Each is scaled by the best candidate's, so both span 0..1 whatever the
+# embedder's range (a fixed scale never let MiniLM's vectors weigh as much as the words).
 TEXT_WEIGHT = 0.5
 VECTOR_WEIGHT = 0.5
 # Cosine at or below which a vector says "unrelated" (signal 0): modern embedders give
@@ -53,20 +51,17 @@ SUBJECT_BOOST = 0.5
 # Hits scoring below this share of the best hit are noise next to it: dropped.
 RELATIVE_CUTOFF = 0.2
 
-# Duplicates ("same meaning, not only same text"). Lexical: Jaccard similarity of the
-# stemmed, stop-word-free term sets. At 0.8 an added word in a sentence of four or more
-# content words still merges, but one swapped word of a short sentence does not ("Maria
-# likes tea" / "coffee": 0.5), and lexically a synonym swap looks the same, so synonyms are
-# left to the vector rule. A wrong merge loses a fact from search; a missed one only leaves
-# two rows for consolidation to fold, so we err towards not merging.
+# Duplicates ("same meaning, not only same text"), lexically: Jaccard of the term sets. At
+# 0.8 a word added to four content words still merges, one swapped word of a short sentence
+# ("likes tea" / "likes coffee") does not; synonyms are the vector rule's. A wrong merge loses
+# a fact from search, a missed one leaves two rows for consolidation: we err towards not merging.
 DUPLICATE_MIN_JACCARD = 0.8
 # Vector rule: paraphrases of one statement score ~0.9–0.98 with current embedders,
 # related-but-different statements about the same person or topic mostly 0.75–0.9.
 DUPLICATE_MIN_COSINE = 0.93
-# Words that flip or order what a statement says ("is not vegan" / "is vegan", "before /
-# after the deploy"): two texts differing in one are different memories however alike the
-# rest, and embedders barely see a "not". term_set keeps them even as stop words. Short and
-# English, as STOP_WORDS is: a needless one only costs a missed merge. "n't", "cannot": "not".
+# Words that flip or order what a statement says ("is not vegan", "before / after the
+# deploy"): texts differing in one are different memories, and embedders barely see a "not".
+# Kept even as stop words; a needless one only costs a missed merge. "n't", "cannot": "not".
 MEANING_WORDS = frozenset(
     """
     not no nor never neither none nobody nothing nowhere without
@@ -105,10 +100,9 @@ def stem(word: str) -> str:
 
 def _tokens(text: str) -> list[str]:
     """The words of `text` in any script and its symbols, lowercase. A word is a run of
-    letters, digits and combining marks (a decomposed "é" or Hindi "हाँ" stays one word);
-    any other visible non-punctuation character (✅, €, private-use) is a token of its own;
-    punctuation, spaces, controls and format characters only separate. Unlike
-    kinsite.textsearch.query_terms nothing is capped, so long texts differing late differ."""
+    letters, digits and combining marks (a decomposed "é" stays one word); any other visible
+    non-punctuation character (✅, €) is a token; punctuation, spaces, controls and format
+    characters only separate. Unlike query_terms nothing is capped: long texts still differ."""
     tokens: list[str] = []
     word: list[str] = []
     for char in unicodedata.normalize("NFKC", text).casefold():
@@ -140,10 +134,9 @@ def _expand_negations(text: str) -> str:
 
 
 def term_set(text: str) -> frozenset[str]:
-    """The stemmed, stop-word-free terms of `text`: its words in any script, numbers and
-    symbols (see _tokens), plus its MEANING_WORDS, unstemmed, stop words or not. Single
-    ASCII letters ("Maria's" splits into "maria" and "s") carry no meaning and are dropped;
-    single digits and letters of other scripts do not ("host 1" vs "host 2")."""
+    """The stemmed, stop-word-free terms of `text` (see _tokens), plus its MEANING_WORDS
+    unstemmed. Single ASCII letters ("Maria's" gives "maria" and "s") are dropped; single
+    digits and other scripts' letters are not ("host 1" vs "host 2")."""
     terms = set()
     for token in _tokens(_expand_negations(text)):
         if token in MEANING_WORDS:
@@ -203,10 +196,8 @@ def is_duplicate(
     vector_similarity: float | None = None,
 ) -> bool:
     """Same meaning: two set subjects that differ rule it out, and so do two different sets
-    of numbers ("at 3pm" / "at 5pm": one changed term of many passes the word rule, and
-    embedders barely see digits) and any difference in MEANING_WORDS ("not", "before" /
-    "after": a negation added or dropped is as much a change as a swapped one); then either
-    rule suffices."""
+    of numbers ("at 3pm" / "at 5pm": embedders barely see digits) and any difference in
+    MEANING_WORDS (a negation added or dropped is a change); then either rule suffices."""
     if new_subject.strip() and old_subject.strip() and new_subject.strip().casefold() != old_subject.strip().casefold():
         return False
     new_numbers, old_numbers = _numbers(new_terms), _numbers(old_terms)
@@ -293,9 +284,8 @@ class Relevance:
 
 def fuse(candidates: list[Candidate]) -> dict[int, Relevance]:
     """The relevance of each candidate: the weighted mean of its text and vector signals, each
-    scaled by the best candidate's (the vector one by at least VECTOR_MIN_SPREAD; module doc).
-    A candidate without a vector (written before the embedder, or by another model) is judged
-    on its words alone, not as a vector miss."""
+    scaled by the best candidate's (module doc). A candidate without a vector (older, or by
+    another model) is judged on its words alone, not as a vector miss."""
     best_text = max((c.text_score for c in candidates), default=0.0)
     best_vector = max((c.vector_similarity for c in candidates if c.vector_similarity is not None), default=0.0)
     fused = {}

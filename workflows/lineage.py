@@ -87,8 +87,8 @@ def name_text(text: str) -> str:
 
 
 def default_describer(node: NodeInfo) -> str:
-    # Counts are appended to every step by the narrative, so the generic sentence names
-    # the step only (the node types' describers, workflows.nodes, should not repeat the counts either).
+    # The narrative appends counts to every step, so describers (this one and those of
+    # workflows.nodes) name the step only.
     kind = name_text(node.type) or "unknown"
     if node.label and node.label != node.type:
         return f'Runs "{name_text(node.label)}", a {kind} step'
@@ -122,10 +122,9 @@ def collect_lineage(
     params: Callable[[NodeInfo], dict] = default_params,
     check_self: bool = True,
 ) -> LineageGraph:
-    """The node and everything upstream of it over data edges, in topological order
-    (among nodes ready at the same time, the earlier in `graph.nodes` first). Linear in
-    nodes + edges when `graph.nodes` is already in topological order (the usual case:
-    nodes are added after their inputs); otherwise Kahn's algorithm with a heap."""
+    """The node and everything upstream of it over data edges, in topological order (ties:
+    the earlier in `graph.nodes` first). Linear when `graph.nodes` is already topological
+    (the usual case: nodes are added after their inputs); otherwise Kahn's with a heap."""
     nodes = graph.nodes
     position = {node.id: i for i, node in enumerate(nodes)}
     target = position.get(node_id)
@@ -358,8 +357,7 @@ def _folded_len(hidden: int) -> int:
 def _warning(graph: LineageGraph, max_chars: int) -> str:
     if not graph.stale:
         return ""
-    # Name the causes, as many as fit in half the budget (a wholly stale 10,000-node graph
-    # would otherwise leave no room for the steps).
+    # As many causes as fit in half the budget, so a wholly stale graph leaves room for steps.
     text, shown = STALE_WARNING + ": " + graph.stale_reasons[0], 1
     for reason in graph.stale_reasons[1:]:
         rest = len(graph.stale_reasons) - shown - 1
