@@ -1,9 +1,6 @@
 """The embedding service: a memory's or a query's vector from the default provider (a
-network call, logged as an LLMCall row by the gateway).
-
-A module of its own rather than a part of services.py: memory search embeds its query,
-and services (duplicate check) read through search, so in services.py it would close
-an import loop search → services → search."""
+network call, logged as an LLMCall row by the gateway). Not in services.py: search embeds
+its query and services read through search, so it would close an import loop."""
 import logging
 from dataclasses import dataclass
 
