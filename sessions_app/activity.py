@@ -1,13 +1,11 @@
-"""The activity feed of a kin or of a team : chat turns, introspection, compaction,
-consolidation and workflow runs and model calls in one list, newest first, filtered by kind
-and status and paged by a keyset cursor. It reads every app's rows, so it lives in the top
-layer (sessions_app may import every other app; see pyproject's import-linter contract).
+"""The activity feed of a kin or of a team: every kind of job run and model call in one list,
+newest first, filtered by kind and status, paged by a keyset cursor. It reads every app's rows,
+so it lives in the top layer (see pyproject's import-linter contract).
 
-Paging merges sources without OFFSET: each selected source reads its newest PAGE_SIZE + 1
-rows before the cursor, on an index ordered by (created_at, id); the rows are merged by the
-key (created_at, kind, id), the page keeps the first PAGE_SIZE, and the last one's key is the
-next cursor. So a page costs one query per source, whatever the number of rows, and rows
-with equal times are neither skipped nor repeated (kind and id break the tie)."""
+Paging merges sources without OFFSET: each selected source reads its newest PAGE_SIZE + 1 rows
+before the cursor (an index on (created_at, id)), merged by the key (created_at, kind, id); the
+last kept row's key is the next cursor. So a page costs one query per source whatever the
+number of rows, and rows with equal times are neither skipped nor repeated."""
 from __future__ import annotations
 
 import base64

@@ -1,7 +1,6 @@
-"""The dashboard's forms for kins and sessions. They parse what a browser posts and then
-run the API's serializers (KinSerializer, SessionSerializer), so the dashboard refuses
-exactly what the API refuses, with the same messages; their errors land on the field
-they concern. A valid form's `validated` holds what the service takes."""
+"""The dashboard's forms for kins and sessions. They parse what a browser posts, then run the
+API's serializers, so the dashboard refuses exactly what the API refuses, with the same
+messages on the same fields. A valid form's `validated` holds what the service takes."""
 from django import forms
 from django.conf import settings
 from django.utils.html import escape
@@ -77,9 +76,8 @@ def _override_field(section: str, key: str, rule) -> forms.Field:
 
 
 class KinForm(forms.Form):
-    """A kin's identity, model, history budget and per-kin settings (Kin.overrides, as one
-    field per setting of sessions_app.overrides.OVERRIDE_RULES). Other keys of the kin's
-    overrides are kept as they are."""
+    """A kin's identity, model, history budget and per-kin settings (one field per rule of
+    OVERRIDE_RULES); other keys of the kin's overrides are kept as they are."""
 
     name = forms.CharField(max_length=_max_length(Kin, "name"), error_messages={"required": "Give the kin a name."})
     role = forms.CharField(max_length=_max_length(Kin, "role"), required=False,

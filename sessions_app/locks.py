@@ -1,12 +1,9 @@
 """A per-session lock, so two turns of one session run one after the other.
 
-With REDIS_URL it is a Redis lock, shared by every web process and Celery worker;
-without it (the embedded SQLite mode: one process) a threading lock per session.
-The Redis lock has a lease, so a killed worker cannot block a session for ever; a
-turn renews it before each model call (`SessionLock.refresh`). When Redis does not
-answer, taking or renewing the lock raises LockUnavailable (503), and a renewal after the
-lease ran out LockLost: turns of a session must not interleave, so no turn runs without it
-(sessions_app.turns.jobs puts such a turn back in the queue)."""
+With REDIS_URL a Redis lock shared by every process, else (embedded mode: one process) a
+threading lock. The Redis lock has a lease, so a killed worker cannot block a session for
+ever; a turn renews it before each model call. Turns must not interleave, so when Redis does
+not answer no turn runs: LockUnavailable (503), or LockLost for a renewal after the lease."""
 from __future__ import annotations
 
 import threading
@@ -47,17 +44,15 @@ def wait_seconds() -> float:
 
 
 def lease_seconds() -> float:
-    """How long the Redis lock lives without a refresh: one model call at its slowest
-    (every attempt timing out, with backoff between attempts) plus a margin, since the
-    turn refreshes the lease before each call."""
+    """How long the Redis lock lives unrenewed: one model call at its slowest (every attempt
+    timing out, with backoff) plus a margin, since the turn renews it before each call."""
     attempts = settings.LLM_MAX_RETRIES + 1
     backoff = sum(settings.LLM_RETRY_BACKOFF_SECONDS * 2**i for i in range(attempts))
     return settings.LLM_TIMEOUT_SECONDS * attempts + backoff + LEASE_MARGIN_SECONDS
 
 
-# A lease taken or renewed this recently still has nearly all of its minutes to run, so
-# renewing it again buys nothing (a turn renews before each model call: with a fast model
-# that was a Redis round trip per call for no gain).
+# A lease renewed this recently has nearly all its minutes left: renewing again (before each
+# fast model call) would cost a Redis round trip for nothing.
 RENEW_AFTER_SECONDS = 0.5
 
 
@@ -104,8 +99,7 @@ _local_locks: dict[int, threading.Lock] = {}
 
 
 def _local_lock(session_id: int) -> threading.Lock:
-    # One lock object per session for the life of the process; a few bytes per session
-    # that chatted, which the embedded single-process mode can afford.
+    # Never freed: a few bytes per session that chatted, affordable in the embedded mode.
     with _local_guard:
         return _local_locks.setdefault(session_id, threading.Lock())
 

@@ -1,6 +1,5 @@
-"""Kins' sessions and each session's event store (messages, tool calls, commands,
-introspection and compaction markers). The Kin model itself is kinsite's (kinsite.models),
-so every app may depend on it."""
+"""Kins' sessions and each session's event store. The Kin model is kinsite's, so every app
+may depend on it."""
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -25,8 +24,7 @@ class Session(models.Model):
     introspection_pending = models.BooleanField(default=False)
     # Completed turns since the last introspection (the turn_interval trigger).
     turns_since_introspection = models.PositiveIntegerField(default=0)
-    # Set: archived. Its history stays readable, but nothing is posted to it until it is
-    # unarchived (turn_post and messages_import refuse, 409 session_archived).
+    # Set: archived, read-only (turn_post and messages_import refuse: 409 session_archived).
     archived_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -43,10 +41,9 @@ class Session(models.Model):
         return self.title or f"Session {self.pk}"
 
 
-# The kinds of event a prompt's history (and so compaction) is made of: messages and the
-# kin's tool calls with their results; commands and introspection/compaction markers are
-# bookkeeping, not conversation. One tuple for the readers and the index that serves
-# them (event_history_tokens), whose condition must match their filter.
+# The kinds of event a prompt's history (and so compaction) is made of; the rest is
+# bookkeeping. One tuple for the readers and the index event_history_tokens, whose
+# condition must match their filter.
 HISTORY_KINDS = ("message", "tool_call", "tool_result")
 
 
@@ -96,9 +93,8 @@ class Event(models.Model):
         ordering = ["created_at", "id"]
         indexes = [
             models.Index(fields=["session", "created_at", "id"], name="event_session_time"),
-            # A prompt's history is cut from the newest end of these rows by their token
-            # counts (sessions_app.prompt.reads._history_entries); with the count in the index
-            # that cut reads no table rows.
+            # The prompt's history cut (prompt.reads._history_entries) reads token counts
+            # from the index alone, no table rows.
             models.Index(
                 fields=["session", "created_at", "id", "token_count"],
                 condition=Q(kind__in=HISTORY_KINDS),
@@ -118,12 +114,10 @@ class Event(models.Model):
 
 
 class MessageCount(models.Model):
-    """How many messages a session holds per (role, sender, platform), and the newest
-    one's time: the prompt's participants and conversation counts read these
-    few rows instead of every message of the session. Kept by database triggers on the
-    event table (migration 0008), so every way a message is written or removed (a turn,
-    an import whose duplicates the database skips, a cascade) counts exactly once;
-    Python never writes these rows."""
+    """A session's message count and newest message time per (role, sender, platform), so the
+    prompt reads a few rows instead of every message. Kept by database triggers (migration
+    0008), so every write or removal (a turn, an import's skipped duplicates, a cascade)
+    counts exactly once; Python never writes these rows."""
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="message_counts")
     role = models.CharField(max_length=10, choices=Event.Role.choices)
@@ -154,14 +148,12 @@ class Turn(Job):
     prompt_tokens = models.PositiveIntegerField(default=0)
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
-    # How many times a process started running the turn: a sync turn once when posted, and
-    # once more at each claim by a session lock holder (a task after its process stopped).
-    # After a few it is failed instead (sessions_app.turns.jobs.TURN_MAX_ATTEMPTS).
+    # Starts: a sync turn once when posted, and once more at each claim by a session lock
+    # holder; after TURN_MAX_ATTEMPTS (turns.jobs) it is failed instead.
     attempts = models.PositiveSmallIntegerField(default=0)
-    # How many times our own service stopped the turn before its reply (Redis or the broker
-    # unreachable, the session lock lost or waited out) and put it back to pending, for
-    # kinsite.jobs' requeue sweep to run again; past settings.TURN_AUTO_RETRIES it is failed.
-    # A failure of the model is not counted: it fails the turn at once.
+    # Times our own service (Redis, the broker, the session lock) stopped the turn and put it
+    # back to pending; past settings.TURN_AUTO_RETRIES it is failed. A model failure is not
+    # counted: it fails the turn at once.
     auto_retries = models.PositiveSmallIntegerField(default=0)
     retry_reason = models.TextField(blank=True)  # why it was last put back, kept once it is done
     retried_at = models.DateTimeField(null=True, blank=True)  # when it was last put back
@@ -180,9 +172,8 @@ class Turn(Job):
 
 
 class Summary(models.Model):
-    """A compaction summary: everything of the session from first_event to
-    last_event (inclusive) folded into structured text. The newest summary of a
-    session replaces the messages it covers in the prompt; the raw messages stay."""
+    """A compaction summary of the session from first_event to last_event (inclusive). The
+    newest one replaces the messages it covers in the prompt; the raw messages stay."""
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="summaries")
     content = models.TextField()
@@ -194,10 +185,9 @@ class Summary(models.Model):
     token_count = models.PositiveIntegerField(default=0)
     # The summary this one merged (compactions chain).
     previous = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    # The newest event id the compaction had read. The summary covers the history events up
-    # to last_event whose id is at most this; one dated before last_event with a newer id
-    # was imported into summarised time afterwards, and the next compaction folds it in.
-    # Null (a row written by hand): last_event_id.
+    # The newest event id the compaction had read: it covers the history up to last_event with
+    # ids up to this; an older-dated event with a newer id was imported later and the next
+    # compaction folds it in. Null (a row written by hand): last_event_id.
     seen_through_id = models.BigIntegerField("seen through ID", null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -224,8 +214,7 @@ class CompactionRun(Job):
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="compaction_runs")
     status = job_status_field(Status)
     summary = models.ForeignKey(Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    # Starts: one at each claim (a Celery retry after a model failure, or a run again after
-    # its worker stopped); after a few a stalled run is failed (compaction.COMPACTION_MAX_ATTEMPTS).
+    # Starts: one per claim (a Celery retry, a rerun after its worker stopped); see COMPACTION_MAX_ATTEMPTS.
     attempts = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
@@ -285,7 +274,6 @@ class IntrospectionRun(Job):
             models.Index(fields=["created_at", "id"], name="introspection_run_newest"),
         ]
         constraints = [
-            # At most one run per session at a time, enforced by the database.
             models.UniqueConstraint(
                 fields=["session"], condition=Q(status="running"), name="introspection_one_running_per_session"
             )

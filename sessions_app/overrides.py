@@ -1,7 +1,6 @@
-"""What a kin may set for itself, and the allowed range of each: checked where a kin is
-saved (the API's KinSerializer, which the dashboard's form and the kin import run, and the
-admin's kin form), so a value the code reads later (introspection_settings) is never one
-that would run away (10**12 tool calls), and a kin's row stays small (every kin list carries it)."""
+"""What a kin may set for itself, and the allowed range of each: checked wherever a kin is
+saved (KinSerializer, which the dashboard and kin import use, and the admin's form), so no
+value read later runs away (10**12 tool calls) and a kin's row stays small."""
 import json
 from dataclasses import dataclass
 
@@ -40,9 +39,8 @@ HISTORY_TOKEN_BUDGET_RANGE = IntegerRange(1_000, 2_000_000)
 # hundred bytes, and the field is part of every kin in GET /kins/.
 OVERRIDES_MAX_BYTES = 4_096
 
-# The sections of Kin.overrides, each key with its rule. Unknown sections and unknown keys
-# inside a section are refused, since a misspelt setting would otherwise be silently ignored
-# (and free-form keys made the field unbounded).
+# The sections of Kin.overrides, each key with its rule. Unknown sections and keys are
+# refused: a misspelt setting would otherwise be silently ignored.
 OVERRIDE_RULES = {
     "introspection": {
         "enabled": Boolean(),
@@ -58,11 +56,10 @@ def overrides_errors(overrides, *, stored=None) -> list[str]:
     """What is wrong with a kin's overrides, one message per problem naming its path
     ("introspection.max_tool_calls: must be ..."); empty when they are fine.
 
-    `stored` is what the kin holds now (None for a new kin). Before sections were checked,
-    any top-level key was stored as given; such a key may stay, with exactly its stored
-    value, so saving an old kin (the dashboard's form keeps the keys it does not show)
-    neither fails nor drops it. Adding or changing one is refused. The size cap holds
-    whatever the keys."""
+    `stored` is what the kin holds now (None for a new kin): an unknown top-level key stored
+    before sections were checked may stay with exactly its value, so saving an old kin (the
+    dashboard's form keeps keys it does not show) neither fails nor drops it; adding or
+    changing one is refused. The size cap holds whatever the keys."""
     if not isinstance(overrides, dict):
         return ["must be a JSON object"]
     size = _compact_size(overrides)

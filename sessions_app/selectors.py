@@ -1,5 +1,4 @@
-"""Reads for sessions and the event store, all scoped to a team (kin_get and kin_list are
-kinsite.selectors', beside the model)."""
+"""Reads for sessions and the event store, all scoped to a team (kin reads are in kinsite.selectors)."""
 from django.db import connection
 from django.db.models import Count, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
@@ -22,9 +21,8 @@ def session_list(*, team: Team, kin: Kin | None = None):
 
 
 def session_list_described(*, team: Team, kin: Kin | None = None, archived: bool | None = None):
-    """The team's sessions (of `kin`, archived or not as asked; None: all) as the API shows
-    them: each with `message_count` and `summary_text` (its newest compaction summary, None
-    before the first) read in the same query, so a page of them costs one query."""
+    """The team's sessions (of `kin`; archived or not, None: all) as the API shows them, with
+    `message_count` and `summary_text` (newest compaction summary) annotated: one query a page."""
     qs = session_list(team=team, kin=kin)
     if archived is not None:
         qs = qs.filter(archived_at__isnull=not archived)
@@ -49,11 +47,8 @@ def session_get(*, team: Team, session_id: int) -> Session:
 
 
 def session_ref(*, team: Team, session_id: int) -> Session:
-    """The session of the team (404 otherwise) with only its id, its kin's id and whether it
-    is archived read: for requests that need to know which session, not what it holds
-    (history search; a chat turn, which reads the session with its kin under the session
-    lock). Its other fields are deferred: one read, if any, loads them then (one query
-    more). Written as SQL, as kinsite.selectors.kin_ref."""
+    """The team's session (404 otherwise) with only id, kin_id and archived_at loaded, for requests
+    that need which session, not its content (a chat turn rereads it under the lock). Raw SQL."""
     if not 0 < session_id <= MAX_ROW_ID:
         raise Http404
     with connection.cursor() as cursor:
@@ -75,9 +70,8 @@ def message_list(*, session: Session):
 
 
 def history_search(*, query: str, limit: int, session: Session | None = None, kin: Kin | None = None) -> list[Event]:
-    """Messages of one session, or of all a kin's sessions, ranked by full-text
-    relevance with their neighbours' relevance as context (see rank_with_neighbours);
-    each returned Event carries a `score` (higher is better)."""
+    """Messages of one session or of all a kin's sessions, ranked by full-text relevance with
+    their neighbours' as context (rank_with_neighbours); each Event carries a `score`."""
     if (session is None) == (kin is None):
         raise ValueError("history_search needs exactly one of session or kin")
     terms = query_terms(query)
@@ -90,7 +84,6 @@ def history_search(*, query: str, limit: int, session: Session | None = None, ki
         scope_sql = "e.session_id IN (SELECT id FROM sessions_app_session WHERE kin_id = %(scope)s)"
     pool = max(limit, NEIGHBOUR_POOL)
     if connection.vendor == "postgresql":
-        # One statement ranks (as rank_with_neighbours does) and returns the hits' rows.
         return _search_postgresql(terms, scope, scope_param, pool, limit)
     windows = _search_sqlite(terms, scope_sql, scope_param, pool)
     ranked = rank_with_neighbours(windows)[:limit]
@@ -105,23 +98,20 @@ def history_search(*, query: str, limit: int, session: Session | None = None, ki
 
 # A match in the sender name counts half a match in the content (as on SQLite).
 SENDER_WEIGHT = 0.5
-# In a conversation the words of a question are often split over a turn and the
-# one before or after it ("What did you research?" / "Adoption agencies."), so
-# a message also earns this share of its better-scoring adjacent message's score.
-# Half: the message's own words stay the main evidence.
+# A question's words are often split over adjacent turns ("What did you research?" /
+# "Adoption agencies."), so a message also earns this share of its better neighbour's
+# score; half keeps its own words the main evidence.
 NEIGHBOUR_WEIGHT = 0.5
-# How many of the best-scoring messages are rescored with their neighbours. It
-# bounds the neighbour look-ups (two index probes each) whatever the history
-# length, and equals SEARCH_MAX_LIMIT so that every allowed limit ranks the same
-# pool: a smaller limit returns a prefix of a larger one.
+# How many best messages are rescored with their neighbours: bounds the look-ups whatever
+# the history length. Equals SEARCH_MAX_LIMIT so every limit ranks the same pool (a
+# smaller limit returns a prefix of a larger one).
 NEIGHBOUR_POOL = 100
 
 
 def rank_with_neighbours(windows) -> list[tuple[int, float]]:
-    """(id, score) best first, from rows (id, own score, previous message's own
-    score, next message's own score); a neighbour that matched no query word
-    scores 0. Only messages that match the query are ranked: context raises a
-    match, it does not turn a non-matching message into a hit."""
+    """(id, score) best first, from rows (id, own score, previous's own score, next's own
+    score; None for a neighbour that matched nothing). Context raises a match; it never
+    turns a non-matching message into a hit."""
     scored = [
         (event_id, float(own) + NEIGHBOUR_WEIGHT * max(float(previous or 0), float(following or 0)))
         for event_id, own, previous, following in windows
@@ -129,9 +119,8 @@ def rank_with_neighbours(windows) -> list[tuple[int, float]]:
     return sorted(scored, key=lambda hit: (-hit[1], hit[0]))
 
 
-# The messages just before and just after a seed, in the order of Event.Meta
-# (created_at, id), within the seed's session; served by the partial index
-# event_message_timeline (migration 0003). `s` is the seed row.
+# The seed `s`'s previous and next message in its session, in Event.Meta order
+# (created_at, id); served by the partial index event_message_timeline (migration 0003).
 _PREVIOUS_MESSAGE = """(
     SELECT m.id FROM sessions_app_event m
     WHERE m.session_id = s.session_id AND m.kind = 'message' AND (m.created_at, m.id) < (s.created_at, s.id)
@@ -142,9 +131,8 @@ _NEXT_MESSAGE = """(
     WHERE m.session_id = s.session_id AND m.kind = 'message' AND (m.created_at, m.id) > (s.created_at, s.id)
     ORDER BY m.created_at, m.id LIMIT 1
 )"""
-# SQLite: from `scored` (id, session_id, created_at, score: every matching message of
-# the scope), the best `pool` seeds with the ids of their neighbours, whose scores are
-# then looked up in `scored`. (PostgreSQL scores a bounded pool, see _search_postgresql.)
+# SQLite: the best `pool` seeds of `scored` (every matching message of the scope) with
+# their neighbours' ids, whose scores are then looked up in `scored`.
 _SEEDS_WITH_NEIGHBOURS = f"""
     seeds AS (
         SELECT id, session_id, created_at, score FROM scored ORDER BY score DESC, id LIMIT %(pool)s
@@ -153,40 +141,26 @@ _SEEDS_WITH_NEIGHBOURS = f"""
         SELECT s.id, s.score, {_PREVIOUS_MESSAGE} AS previous_id, {_NEXT_MESSAGE} AS next_id FROM seeds s
     )
 """
-# Scope statistics for BM25 on PostgreSQL are read at query time, each at a cost that
-# does not grow with the history : the number of messages from MessageCount
-# (a few rows per session, kept by triggers), and the average message length from at
-# most this many of the scope's messages (whichever the index yields first, not a random
-# sample); message lengths do not drift much over a conversation, so an estimate is
-# enough. The same sample estimates the document frequency of a term too common to be
-# counted (see TERM_CANDIDATES).
+# PostgreSQL's BM25 statistics cost the same whatever the history length: the count from
+# MessageCount, the average length from at most this many of the scope's messages (the first
+# the index yields: lengths drift little). The sample also estimates a capped term's df.
 SCOPE_SAMPLE = 1000
-# How many postings (sessions_app_searchposting, migration 0018) a search reads per query
-# term at most: the term's best, highest BM25 impact first (tf and length at a fixed
-# typical length). This bounds a search's reads whatever the history length: a term on
-# 50,000 messages (a speaker's name, an everyday word) costs what a term on 1,000 does.
-# Below it, a term's document frequency is exact (all its postings were read); at it
-# (the term is "capped"), the frequency is the sample's share times the scope's size,
-# and at least TERM_CANDIDATES.
+# Postings (migration 0018) read per query term at most, best BM25 impact first, so a term on
+# 50,000 messages costs what one on 1,000 does. Below the cap a term's df is exact; at it (the
+# term is "capped") it is the sample's share times the scope's size, at least TERM_CANDIDATES.
 TERM_CANDIDATES = 1000
-# When a query term is capped, the candidates' scores from the postings read miss that
-# term wherever its posting was not among the best read, so this many of the best
-# candidates are scored again from all their postings of the query's terms (two index
-# probes each). Twice NEIGHBOUR_POOL, so that this can reorder the pool's edge before
-# the neighbour step takes its seeds.
+# A capped term's unread postings miss from candidates' scores, so this many of the best are
+# rescored; twice NEIGHBOUR_POOL, so rescoring can reorder the pool's edge before seeding.
 RESCORE_POOL = 200
 
-# BM25 term score of a posting `p` (tf, doc_length) with the per-term constants of
-# `term_weights` w (the scope's sampled average length). Computed for every posting read,
-# so it is kept to four operations on columns of the posting and its term (no join per posting).
+# BM25 term score of posting `p` with the constants of term_weights `w`. Computed for every
+# posting read, so kept to four operations on their columns (no join per posting).
 _BM25 = bm25.posting_score_sql("w.weight", "w.norm", "w.norm_per_lexeme", "p.tf", "p.doc_length")
 _TERM_WEIGHTS = bm25.term_weights_sql(bm25.idf_sql("n.n", "d.df", vendor="postgresql"), "z.avg_length")
 # The event table's columns of the hits, which PostgreSQL's statement returns with their scores.
 _EVENT_COLUMNS = ", ".join(f"e.{field.column}" for field in Event._meta.concrete_fields)
-# BM25 of the messages whose ids `{ids}` yields (a subquery), from all their postings of
-# the query's terms: (event_id, score), computed only when a term is capped (a one-time
-# filter: otherwise the postings read already hold every term of every candidate).
-# Served by the postings' primary key (event_id, lexeme) INCLUDE (tf, doc_length).
+# (event_id, score) of the messages `{ids}` from all their postings, only when a term is capped;
+# served by the postings' primary key (event_id, lexeme) INCLUDE (tf, doc_length).
 _RESCORED = f"""
     SELECT p.event_id, sum({_BM25}) AS score
     FROM term_weights w
@@ -197,23 +171,14 @@ _RESCORED = f"""
 
 
 def _search_postgresql(terms, scope, scope_param, pool, limit):
-    """BM25 over the search postings (migration 0018: one row per message and lexeme of
-    the stored search_tsv, with its term frequency (a sender match counts SENDER_WEIGHT),
-    the message's length in lexemes and a BM25 impact at a fixed typical length), in one
-    query whose reads are bounded whatever the history length:
-    1. per query lexeme, its TERM_CANDIDATES best postings in the scope, from the btree
-       index (scope, lexeme, impact DESC) that also holds their tf and length; their
-       number gives the term's document frequency (see TERM_CANDIDATES), hence its idf
-       over the scope's size (MessageCount);
-    2. every message of those postings is a candidate, scored from them (tf, length
-       normalised by the scope's sampled average length): exact when no term is capped;
-       otherwise those of the best RESCORE_POOL that miss a posting of a capped term are
-       scored again from all their postings;
-    3. the best `pool` are the seeds of the neighbour step. A neighbour's score is its
-       candidate score, or when a term is capped its score from all its postings (0 when
-       it matches no query term);
-    4. the best `limit` by rank_with_neighbours' formula, returned as Events with a `score`
-       (the hits' rows come with the statement: no second query).
+    """BM25 over the search postings (migration 0018; a sender match counts SENDER_WEIGHT)
+    in one query whose reads are bounded whatever the history length:
+    1. per query lexeme, its TERM_CANDIDATES best postings in the scope (btree on scope,
+       lexeme, impact DESC, holding tf and length); their count gives the term's idf;
+    2. every message of those postings is a candidate scored from them: exact unless a
+       term is capped, then the best RESCORE_POOL missing a capped posting are rescored;
+    3. the best `pool` seed the neighbour step (a neighbour scores as in 2, 0 if no match);
+    4. the best `limit` by rank_with_neighbours' formula come back as Events with `score`.
     Arithmetic is float8: numeric ln() and division cost more than the rest of the query.
     Lexemes come from to_tsvector over query_terms (word characters only)."""
     if scope == "session":
@@ -333,9 +298,8 @@ def _search_postgresql(terms, scope, scope_param, pool, limit):
 
 
 def _search_sqlite(terms, scope_sql, scope_param, pool):
-    # sessions_app_event_fts is an external-content FTS5 table kept by triggers (migration 0002).
-    # bm25() is lower-is-better; weights: sender 0.5, content 1.0. Its statistics (number
-    # of rows, average length) are the FTS table's, across all sessions.
+    # sessions_app_event_fts: external-content FTS5 kept by triggers (migration 0002).
+    # bm25() is lower-is-better; its statistics are the FTS table's, across all sessions.
     sql = f"""
         WITH scored AS MATERIALIZED (
             SELECT e.id, e.session_id, e.created_at, -bm25(sessions_app_event_fts, 0.5, 1.0) AS score
@@ -360,9 +324,8 @@ def _search_sqlite(terms, scope_sql, scope_param, pool):
 
 
 def kin_list_with_stats(*, team: Team, name_query: str = ""):
-    """The team's kins, each with `session_count` and `last_activity_at` (None
-    without sessions) and its `imports` (what tells same-named kins apart), optionally
-    filtered by a case-insensitive name fragment."""
+    """The team's kins (optionally by a name fragment), each with `session_count`,
+    `last_activity_at` and its `imports` (what tells same-named kins apart)."""
     qs = kin_list(team=team)
     if name_query:
         qs = qs.filter(name__icontains=name_query)

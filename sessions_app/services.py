@@ -111,7 +111,6 @@ def session_update(*, session: Session, title: str | None = None, description: s
 def session_continue(*, session: Session, title: str = "", command: Event | None = None) -> Session:
     """The `/new` command: a new session for the same kin, opened by a system event that
     names the session it continues and its participants (people who posted there)."""
-    # The new session stays attached to the same workflow.
     new_session = session_create(kin=session.kin, title=title, workflow=session.workflow)
     participants = [
         {"name": sender, "platform": platform}
@@ -150,10 +149,9 @@ class ImportResult:
 
 @transaction.atomic
 def messages_import(*, session: Session, items: list[ImportItem]) -> ImportResult:
-    """Store messages without replies. An `external_id` already in the session
-    (or repeated within the batch) is skipped, so re-importing changes nothing. Messages
-    dated before the compaction boundary are folded into the summary by a compaction
-    scheduled after commit (until then the prompt counts them as neither visible nor summarised)."""
+    """Store messages without replies. An `external_id` already in the session (or repeated in
+    the batch) is skipped, so re-importing changes nothing. Messages dated before the compaction
+    boundary are folded into the summary by a compaction requested here."""
     session_check_open(session=session)
     wanted_ids = {item.external_id for item in items if item.external_id}
     seen = set(
@@ -186,13 +184,11 @@ def messages_import(*, session: Session, items: list[ImportItem]) -> ImportResul
         newest = max(row.created_at for row in rows)
         if newest > session.last_activity_at:
             Session.objects.filter(pk=session.pk).update(last_activity_at=newest)
-        # New events for introspection to read; an import of old messages does not make the
-        # session look active, but its messages are still introspected (after the idle timeout).
+        # Old messages do not make the session look active, but are still introspected.
         Session.objects.filter(pk=session.pk).update(introspection_pending=True)
         summary = latest_summary(session)
         if summary is not None and min(row.created_at for row in rows) < summary.last_event.created_at:
-            # Dated inside summarised time: the prompt's history starts after the summary, so
-            # only a new summary brings them into the context; it keeps the boundary.
+            # Dated inside summarised time: only a new summary brings them into the prompt.
             compaction_request(session=session)
         analyze_after_commit(Event, "sessions_app_searchposting")
     return ImportResult(created=len(rows), skipped=len(items) - len(rows))

@@ -1,20 +1,15 @@
 """Celery tasks of sessions_app: each loads its row by id and calls one service.
 
-The services import no task: they send theirs by name through kinsite.jobs (job_send,
-job_send_on_commit, the names in their JobKind), and the tasks import their service inside
-the function, as Styleguide-Example's emails/tasks.py does, so neither side of the
-task ↔ service pair imports the other at module level. The sweeps that take over lost or
-stalled work of every kind are kinsite.tasks'."""
+Services send tasks by name (their JobKind, through kinsite.jobs) and tasks import their
+service inside the function, so neither imports the other at module level."""
 from celery import shared_task
 
 from kinsite.jobs import job_task, job_task_last_try
 from kinsite.llm.types import LLMError
 
 
-# The name it had when it lived in sessions_app/turn_tasks.py: the wire name of queued
-# messages, so turns queued before a deploy still run after it.
-# No autoretry: a model failure is recorded on the turn (the client polls it and may post
-# again), and a killed worker's turn is picked up again by acks_late (turn_run is idempotent).
+# The old module's name is kept as the wire name: turns queued before a deploy still run. No autoretry:
+# a model failure is recorded on the turn, and acks_late redelivers a killed worker's turn.
 @shared_task(name="sessions_app.turn_tasks.run_turn_task")
 def run_turn_task(turn_id: int) -> None:
     from sessions_app.turns.services import turn_run
@@ -38,9 +33,8 @@ def _introspection_skip(run_id: int) -> None:
     introspection_skip(run_id=run_id, reason="Another introspection of this session was in progress.")
 
 
-# Introspection: a failed run is recorded on its row and leaves the cursor, so the idle
-# scan (or the next trigger) runs it again; the task itself does not retry a failed run.
-# A run that finds another of its session going is tried again: it covers what arrives after that one.
+# A failed run leaves the cursor, so the idle scan runs it again; the task does not retry it.
+# A run that finds another of its session going is retried: it covers what arrives after.
 @shared_task(bind=True, max_retries=5)
 @job_task(label="Introspection run", skip=_introspection_skip, busy_retry_seconds=30, recorded=(Exception,))
 def introspect_session_task(self, run_id: int) -> None:

@@ -157,9 +157,8 @@ def _first_messages(prompt: str) -> list[dict[str, Any]]:
 
 
 def introspection_preview(*, session: Session, template_body: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The messages a run for `session` would send first, now, with `template_body` as its
-    template, and notes on what they were read from; reads only (no run, no events, no
-    model call). Raises TemplateError for a body that does not validate."""
+    """The messages a run for `session` would send first, now, with `template_body`, and notes
+    on what they were read from; reads only. Raises TemplateError for an invalid body."""
     kin = session.kin
     config = introspection_settings(kin)
     events = events_to_introspect(session=session, token_budget=kin.effective_history_budget)

@@ -1,13 +1,10 @@
-"""Introspection: a program-triggered agent run that reads a session's raw events since its
-last run and maintains the kin's memories, the session's working memory and its
-description, through exactly six tools (tools.py).
+"""Introspection (docs/concepts/introspection.md): an agent run that reads a session's raw
+events since its last run and maintains the kin's memories, the session's working memory and
+description through six tools (tools.py).
 
-The cursor lives in the event store: a run writes an introspection_start event when it
-begins and an introspection_end event (data["last_event_id"]) when it has applied its
-changes; the newest end event is the cursor. A run that fails before its end event applies
-nothing and leaves the cursor, so the next run reads the same events again. One run per
-session at a time: a cache lock naming the run that holds it, backed by the database's
-partial unique constraint on running runs."""
+The newest introspection_end event is the cursor; a run applies its changes with that event
+in one transaction, so one that fails applies nothing and the next reads the same events. One
+run per session at a time: a cache lock naming the run, backed by a partial unique constraint."""
 from __future__ import annotations
 
 import json
@@ -86,9 +83,8 @@ class IntrospectionDisabled(Conflict):
 
 
 def introspection_request(*, session: Session, trigger: str) -> IntrospectionRun:
-    """A pending run of `session`, enqueued after commit. If one is pending already it is
-    returned instead (one queued run covers every event up to when it starts).
-    Raises IntrospectionDisabled when introspection is off for the session's kin."""
+    """A pending run of `session`, enqueued after commit; the pending one if there is one (it
+    covers every event up to when it starts). IntrospectionDisabled when off for the kin."""
     if not introspection_settings(session.kin).enabled:
         raise IntrospectionDisabled(
             f"Introspection is disabled for kin {session.kin.name}.", details={"kin": session.kin_id}
@@ -102,8 +98,7 @@ def introspection_request(*, session: Session, trigger: str) -> IntrospectionRun
             job_send_if_stale(INTROSPECTION_JOBS, run, after=STALE_PENDING)
             return run
         run = IntrospectionRun.objects.create(session=session, trigger=trigger)
-        # The broker down: this raises (the API answers 503) and the run stays pending for
-        # the requeue sweep (kinsite.tasks.requeue_jobs_task).
+        # The broker down: this raises (the API answers 503), the run pending for the requeue sweep.
         job_send_on_commit(INTROSPECTION_JOBS, run.pk)
     return run
 
@@ -125,14 +120,10 @@ def introspection_after_turn(*, session: Session) -> IntrospectionRun | None:
 
 
 def idle_sessions_due(now: datetime) -> list[Session]:
-    """The idle scan's decision: sessions idle for their kin's idle_timeout_minutes that
-    have events after their cursor and no run queued or running.
-
-    One query reads only sessions flagged introspection_pending whose last activity is
-    older than the shortest timeout in force (the partial index session_introspection_due),
-    never all sessions, with each one's cursor, whether it has events after it and its
-    last failure. A flagged session whose events all lie before its cursor gets its flag
-    cleared (one more query)."""
+    """The idle scan's decision: sessions idle for their kin's idle_timeout_minutes that have
+    events after their cursor and no run queued or running. One query over the flagged
+    sessions idle past the shortest timeout in force (idle_sessions_flagged), never all; a
+    flagged session with nothing after its cursor gets its flag cleared."""
     timeouts = _idle_timeouts()
     if not timeouts:
         return []
@@ -159,14 +150,11 @@ def idle_sessions_due(now: datetime) -> list[Session]:
 
 
 def idle_sessions_flagged(*, cutoff: datetime):
-    """The idle scan's query (idle_sessions_due decides among its rows): sessions flagged
-    introspection_pending, last active at or before `cutoff`, without a queued or running
-    run: a range scan of the partial index session_introspection_due. Each carries
-    `cursor_event_id`, `has_new_events` and `last_failed_at`.
-
-    The cursor is read from the done runs (last_event_id, written in the same transaction
-    as the run's end event, so it equals the end event's) because a subquery can order
-    and compare it on every database, unlike a value inside the end event's JSON."""
+    """The idle scan's query: sessions flagged introspection_pending, last active by `cutoff`,
+    without a queued or running run (a range scan of session_introspection_due), each with
+    `cursor_event_id`, `has_new_events` and `last_failed_at`. The cursor is read from the done
+    runs' last_event_id (written with the end event, so equal to it): unlike a value inside
+    the event's JSON, every database can order and compare it."""
     active_runs = IntrospectionRun.objects.filter(session=OuterRef("pk"), status__in=[Status.PENDING, Status.RUNNING])
     done_runs = IntrospectionRun.objects.filter(session=OuterRef("pk"), status=Status.DONE).order_by("-last_event_id")
     failed_runs = IntrospectionRun.objects.filter(session=OuterRef("pk"), status=Status.FAILED).order_by("-finished_at")
@@ -200,8 +188,7 @@ def _idle_timeouts() -> list[int]:
 
 
 def introspection_idle_scan(*, now: datetime | None = None) -> list[IntrospectionRun]:
-    """The idle scan, the beat task's service (scan_idle_sessions_task): request a run
-    (trigger idle) for every session idle_sessions_due finds."""
+    """The idle scan (beat's scan_idle_sessions_task): request a run for every session due."""
     runs = []
     for session in idle_sessions_due(now or timezone.now()):
         try:
@@ -220,10 +207,9 @@ def _session_lock(session_id: int, run_id: int):
 
 
 def session_introspect(*, run_id: int) -> IntrospectionRun | None:
-    """Run a requested introspection. Idempotent: a run that is done, failed or skipped is
-    returned untouched, and a second delivery while the run is in progress does nothing.
-    Raises IntrospectionBusy when another run of the session is in progress (this run
-    stays pending). A failure is recorded on the run (status failed) and re-raised."""
+    """Run a requested introspection. Idempotent: a finished run is returned untouched, and a
+    second delivery while it is in progress does nothing. IntrospectionBusy when another run
+    has the session (this one stays pending); a failure is recorded on the run and re-raised."""
     run = IntrospectionRun.objects.filter(pk=run_id).select_related("session__kin__team").first()
     if run is None or run.status not in (Status.PENDING, Status.RUNNING):
         return run
@@ -242,9 +228,8 @@ def session_introspect(*, run_id: int) -> IntrospectionRun | None:
 
 
 def _claim(run: IntrospectionRun) -> bool:
-    """Mark the run running. Holding the lock, any other running run of the session belongs
-    to a worker that died: it is marked failed. Our own run found running is a redelivery
-    after such a death, and is run again."""
+    """Mark the run running. Under the lock, any other running run of the session belongs to a
+    dead worker and is failed; our own found running is a redelivery after a death, run again."""
     now = timezone.now()
     try:
         with transaction.atomic():
@@ -255,8 +240,7 @@ def _claim(run: IntrospectionRun) -> bool:
             if claimed:
                 Session.objects.filter(pk=run.session_id).update(turns_since_introspection=0)
     except IntegrityError as exc:
-        # The constraint allowing one running run per session: our lock expired under a
-        # run that is still going. Leave this one pending.
+        # One running run per session: our lock expired under a run still going. Leave this pending.
         raise IntrospectionBusy(
             f"Session {run.session_id} is being introspected by another run.",
             details={"session": run.session_id, "run": run.pk},
@@ -339,8 +323,7 @@ def _error_text(exc: Exception) -> str:
 
 def _apply(*, run: IntrospectionRun, session: Session, state: IntrospectionState, note: str,
            started: float) -> None:
-    """Apply the staged changes, write the end event (the new cursor) and close the run,
-    all in one transaction."""
+    """Apply the staged changes, write the end event (the new cursor) and close the run, atomically."""
     kin = session.kin
     tool_context = tool_context_for(run=run, kin=kin)
     with transaction.atomic():

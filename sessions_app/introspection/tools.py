@@ -1,12 +1,9 @@
-"""The six tools of an introspection run — memory_recall, memory_add,
-memory_update, memory_delete, working_memory_update, session_description_update — and
-nothing else.
+"""The six tools of an introspection run (TOOL_NAMES) and nothing else.
 
-Only memory_recall acts at once. The writes are checked when the model calls them (so it
-hears about a bad id or argument straight away) but staged on an IntrospectionState and
-applied together, in one transaction, when the run ends. A run that fails half-way
-therefore leaves memories, working memory and description exactly as they were, without
-holding a database transaction open across model calls."""
+Only memory_recall acts at once. The writes are checked when called (so the model hears of a
+bad id straight away) but staged on an IntrospectionState and applied in one transaction when
+the run ends: a run failing half-way changes nothing, and no transaction stays open across
+model calls."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,6 @@
-"""The prompt of a chat turn: the database reads (reads.py), the pure sections
-(sections.py) and history selection (history.py), and here their assembly. The chat turn
-and the prompt preview both go through `prompt_assemble`, so the preview is exactly what
-a turn would send."""
+"""The prompt of a chat turn: the reads (reads.py), sections (sections.py) and history
+(history.py) assembled. The turn and the preview both call `prompt_assemble`, so the preview
+is exactly what a turn would send."""
 from __future__ import annotations
 
 from dataclasses import dataclass

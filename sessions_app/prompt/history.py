@@ -4,8 +4,8 @@ from typing import NamedTuple
 
 
 class HistoryItem(NamedTuple):
-    # A named tuple rather than a frozen dataclass: a turn builds one per event of its
-    # history window (~700 at a 40,000-token budget), and a tuple is ~4× cheaper to make.
+    # A named tuple, not a frozen dataclass: a turn builds one per event of its history
+    # window, and a tuple is several times cheaper to make.
     id: int
     role: str
     kind: str

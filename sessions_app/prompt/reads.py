@@ -1,7 +1,6 @@
-"""The prompt's database reads, a fixed number of them: the kin, the
-compaction boundary, participants and counts, the history that fits the budget, and the
-relevant memories, handed to the pure builders (sections, history) as PromptInputs and
-history entries. Assembly is sessions_app.prompt.assembly.prompt_assemble."""
+"""The prompt's database reads, a fixed number of them (compaction boundary, participants and
+counts, the history that fits the budget, relevant memories), handed to the pure builders as
+PromptInputs and history entries. Assembly is sessions_app.prompt.assembly.prompt_assemble."""
 from __future__ import annotations
 
 import json
@@ -35,9 +34,8 @@ from sessions_app.prompt.sections import (
 from workflows.models import Workflow
 from workflows.selectors import workflow_canvas
 
-# The most events a prompt's history is chosen from, whatever the budget, so reading
-# the candidates stays bounded even when many near-empty events fit the token budget
-# (compaction normally keeps the un-summarised history far below this).
+# The most events a prompt's history is chosen from, so the read stays bounded even when
+# many near-empty events fit the budget (compaction normally keeps far below this).
 HISTORY_MAX_EVENTS = 2_000
 # The id given to a message that is previewed but not stored: newer than any row.
 PENDING_MESSAGE_ID = 2**63 - 1
@@ -45,9 +43,8 @@ UNNAMED_SENDER = "Unnamed user"
 
 
 class EventRow(NamedTuple):
-    """The columns of a stored event that a prompt needs. History candidates are read as
-    plain rows: building ~700 `Event` instances per turn was a quarter of its time. The
-    names match Event's, so code reading an entry's event takes either."""
+    """The columns of a stored event that a prompt needs, read as a plain row (Event instances
+    for the whole history window are costly); names match Event's, so readers take either."""
 
     pk: int
     kind: str
@@ -61,15 +58,14 @@ class EventRow(NamedTuple):
 
     @property
     def created_at(self) -> datetime:
-        # Read as text and parsed on use: the driver's timestamptz loader (Django's, in
-        # Python) cost several ms for the ~700 rows of a turn, which reads two of them.
+        # Read as text and parsed on use: the driver's timestamptz loader is slow in
+        # Python, and a turn reads only two of them.
         return aware_datetime(self.created_at_text)
 
 
 class HistoryEntry(NamedTuple):
-    """One history item as selected (`item`) with what is sent for it (`message`) and
-    the row it came from (`event`; None for a previewed message that is not stored).
-    A named tuple, as HistoryItem: one is made per event of the history window."""
+    """One history item as selected (`item`) with what is sent for it (`message`) and the row
+    it came from (`event`; None for a previewed message). One per event of the window."""
 
     item: HistoryItem
     message: Message
@@ -98,11 +94,10 @@ def _openai_tool_call(call: dict[str, Any]) -> dict[str, Any]:
 
 _MESSAGE = Event.Kind.MESSAGE.value
 _USER = Event.Role.USER.value
-# A message's `data` is not read from the database (see _history_entries); its rows
-# share this empty, read-only mapping instead of one new dict each.
+# The shared `data` of message rows, which _history_entries does not read.
 _NO_DATA = MappingProxyType({})
-# Named tuples built from a whole tuple at C speed: their generated __new__ is a Python
-# call, and a turn builds three per event of its history window (~700).
+# Builds named tuples at C speed, skipping their generated Python __new__: a turn builds
+# three per event of its history window.
 _new_tuple = tuple.__new__
 
 
@@ -136,10 +131,8 @@ class Boundary:
 
 
 class SessionExtras(NamedTuple):
-    """What a prompt needs beyond the session and kin rows the caller holds: the kin's
-    current experience document, its parent's name, the attached workflow's name, the
-    newest compaction summary, and per (role, sender, platform) the
-    session's message count and newest message time."""
+    """What a prompt needs beyond the session and kin rows the caller holds, in one row; `counts`
+    per (role, sender, platform): message count and newest message time."""
 
     experience_markdown: str
     parent_name: str | None
@@ -149,9 +142,8 @@ class SessionExtras(NamedTuple):
 
 
 def _counts_sql() -> str:
-    """The session's message counters (MessageCount, kept by database triggers: a few
-    rows whatever the history) as one JSON array of [role, sender, platform, count,
-    newest time as text], so they travel in the extras' single row."""
+    """The session's message counters (MessageCount, kept by triggers: a few rows whatever the
+    history) as one JSON array, so they travel in the extras' single row."""
     table = MessageCount._meta.db_table
     columns = "c.role, c.sender, c.platform, c.message_count, CAST(c.last_at AS TEXT)"
     if connection.vendor == "postgresql":
@@ -160,10 +152,9 @@ def _counts_sql() -> str:
 
 
 def _session_extras(session: Session) -> SessionExtras:
-    """One statement of scalar subqueries on primary keys and small indexes (the
-    summary_session_newest index for the newest summary, the message counters' session
-    index), written as SQL: the same read through the ORM, with its annotations and
-    joins, cost ~7 ms of Python per turn to compile."""
+    """One statement of scalar subqueries on primary keys and small indexes
+    (summary_session_newest, the counters' session index), as SQL: through the ORM,
+    compiling it cost more per turn than the database spends on it."""
     kin = session.kin
     kin_table, workflow_table = Kin._meta.db_table, Workflow._meta.db_table
     summary_table, event_table = Summary._meta.db_table, Event._meta.db_table
@@ -211,9 +202,8 @@ def _boundary_sql(summary: Boundary | None) -> tuple[str, list[Any]]:
 
 
 def unsummarised_tokens(session_id: int, summary: Boundary | None) -> int:
-    """The tokens of the session's history events after `summary`'s boundary, in one
-    statement written as SQL (the same aggregate through the ORM cost more Python than the
-    database spends on it)."""
+    """The tokens of the session's history events after `summary`'s boundary, as SQL (through
+    the ORM it cost more Python than the database spends on it)."""
     boundary, boundary_params = _boundary_sql(summary)
     kinds = ", ".join(["%s"] * len(HISTORY_KINDS))
     with connection.cursor() as cursor:
@@ -226,11 +216,10 @@ def unsummarised_tokens(session_id: int, summary: Boundary | None) -> int:
 
 
 def _later_posts_sql(session_id: int, turn_id: int | None) -> tuple[str, list[Any]]:
-    """Leaves out the messages of the session's turns posted after `turn_id` and not run
-    yet: a turn answers the conversation up to its own message, even when later posts were
-    stored meanwhile (they queue behind it). Turns run in post order, so later turns are
-    all unfinished, and the subquery reads only those (the turn_session_status index); it
-    compares event ids, so the cut below still reads the index alone."""
+    """Leaves out the messages of turns posted after `turn_id`: a turn answers the conversation
+    up to its own message. Turns run in post order, so later turns are all unfinished and the
+    subquery reads only those (turn_session_status); it compares event ids, so the cut still
+    reads the index alone."""
     if turn_id is None:
         return "", []
     table = Turn._meta.db_table
@@ -241,13 +230,11 @@ def _later_posts_sql(session_id: int, turn_id: int | None) -> tuple[str, list[An
 
 def _history_entries(session_id: int, summary: Boundary | None, budget: int,
                      turn_id: int | None = None) -> dict[int, HistoryEntry]:
-    """The history entries of the newest events after the boundary that the budget could
-    need, by id, oldest first, from one query. The cut is made first, from the token
-    counts alone (the event_history_tokens index, so no table row is read for it): of the
-    newest HISTORY_MAX_EVENTS events, newest first, every one whose newer events alone are
-    within budget, so the one that overflows it too. Those sums only grow, so that is the
-    first `n` events, and only those are read whole. For a turn (`turn_id`), the messages
-    posted after its own are left out."""
+    """The history entries the budget could need (the newest events after the boundary), by
+    id, oldest first, from one query. The cut comes first, from token counts alone (the
+    event_history_tokens index, no table row read): of the newest HISTORY_MAX_EVENTS, every
+    event whose newer events alone fit the budget, so also the one that overflows it; only
+    those are read whole. For a turn, messages posted after its own are left out."""
     boundary, boundary_params = _boundary_sql(summary)
     later_posts, later_posts_params = _later_posts_sql(session_id, turn_id)
     kinds = ", ".join(["%s"] * len(HISTORY_KINDS))
@@ -281,8 +268,7 @@ def _history_entries(session_id: int, summary: Boundary | None, budget: int,
         rows = cursor.fetchall()
     # Newest first is the order the index gives, so the database does not sort.
     rows.reverse()
-    # This runs for every event of the history window (~700), so messages, the common
-    # case, are built inline.
+    # Hot loop (every event of the window): messages, the common case, are built inline.
     entries = {}
     for pk, kind, role, content, sender, platform, tokens, data, created_at in rows:
         if kind == _MESSAGE:
@@ -310,16 +296,12 @@ def prompt_inputs_for(
     current_event: Event | None = None,
     turn_id: int | None = None,
 ) -> tuple[PromptInputs, list[HistoryEntry], int, Boundary | None]:
-    """The prompt inputs, the selected history (oldest first, ending with the message
-    being answered), the history budget and the compaction boundary read (the newest
-    summary). `current_event` is the stored message being answered, by turn `turn_id`;
-    without it a non-empty `message_text` is treated as a message about to be sent (the
-    preview), counted as if stored. Reads the database a
-    fixed number of times, whatever the length of the history or the number of memories."""
+    """The prompt inputs, the selected history (oldest first, ending with the message being
+    answered), the history budget and the boundary read, in a fixed number of reads.
+    `current_event` is the stored message turn `turn_id` answers; without it a non-empty
+    `message_text` is a message about to be sent (the preview), counted as if stored."""
     now = now or timezone.now()
-    # The session and kin rows are the caller's (the turn and the preview read them just
-    # before); what else the prompt needs comes in one statement, so a turn's query count
-    # is fixed and small.
+    # The session and kin rows are the caller's; the rest comes in one statement.
     kin = session.kin
     budget = kin.effective_history_budget
     extras = _session_extras(session)
@@ -330,10 +312,9 @@ def prompt_inputs_for(
     pending = current_event is None and bool(message_text.strip())
     own_rounds: list[HistoryEntry] = []
     if current_event is not None:
-        # The message being answered goes last even if earlier turns stored their replies
-        # after it (it was queued behind them), so the model answers it; only the tool rounds
-        # its own turn stored before its process stopped follow it, as they did in that
-        # attempt, and are kept whatever the budget, as a running turn keeps its rounds.
+        # The message being answered goes last even if earlier turns' replies were stored
+        # after it, so the model answers it; only the tool rounds its own stopped attempt
+        # stored follow it, kept whatever the budget, as a running turn keeps its rounds.
         entries.pop(current_event.pk, None)
         if turn_id is not None:
             own_rounds = [entry for entry in entries.values()
@@ -366,9 +347,7 @@ def prompt_inputs_for(
         count, _ = participants.get(key, [0, None])
         participants[key] = [count + 1, now]
     visible = [entry for entry in history if entry.item.kind == Event.Kind.MESSAGE]
-    # History comes oldest first (bar the message being answered, moved last), so the
-    # oldest visible message is among the first stored and the current one; only those
-    # two times are parsed.
+    # Oldest first bar the current message (moved last), so only those two times are parsed.
     stored = [entry.event for entry in visible if entry.event is not None]
     oldest_visible_at = min(
         (event.created_at for event in stored[:1] + stored[-1:]), default=now if visible else None

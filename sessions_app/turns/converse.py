@@ -1,6 +1,5 @@
 """What a claimed turn does: answer a command (/checkpoint, /new) or converse with the model,
-running its tool calls (the kin's tools are tools.py) and storing each tool round as it
-happens and then the reply."""
+running its tool calls (tools.py) and storing each tool round as it happens, then the reply."""
 from __future__ import annotations
 
 import json
@@ -57,9 +56,8 @@ def command_parse(content: str) -> Command | None:
 
 
 def command_answer(*, turn: Turn, session: Session, message: Event) -> None:
-    """A command is recorded (the command event), handed to introspection, and answered
-    with a short system reply. /checkpoint introspects the session; /new introspects it
-    and starts a new session for the same kin and participants."""
+    """Hand a command to introspection and answer it with a short system reply; /new also
+    starts a new session for the same kin and participants."""
     command = command_parse(message.content)
     with transaction.atomic():
         data = {"command": command.name, "reply_to": message.pk}

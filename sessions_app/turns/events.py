@@ -1,21 +1,14 @@
 """A turn's progress as it happens (reply text deltas, tool calls and their results, its end),
-for whoever follows the turn (sessions_app.turns.stream serves them as server-sent events).
+for whoever follows the turn (turns/stream.py serves them as SSE: docs/api.md#streaming).
 
 With REDIS_URL the events go to one Redis stream per turn, so a web process can follow a turn
-a Celery worker runs; without it (the embedded mode: one process) to a store in memory.
-Each event has an id that orders the turn's events (the SSE `id:`), so a reader asks for
-the events after the last one it saw. Events are progress, not the record: publishing never
-fails a turn (a Redis error is logged), and readers take a turn's outcome from the stored turn.
+a worker runs; without it (the embedded mode: one process) to a store in memory. Event ids
+order a turn's events, so a reader asks for those after the last it saw. Events are progress,
+not the record: publishing never fails a turn, and readers take its outcome from the stored turn.
 
-A stream belongs to one turn row: it is named by the turn's id and its creation time. Turn
-ids repeat when a database is created again (a test run, a restored backup, a bench run)
-while Redis keeps the old turns' streams for RETAIN_SECONDS; a new turn with an old id
-gets a stream of its own, never the old turn's events.
-
-A turn that runs again (the stalled sweep took it over after its process stopped) keeps its
-stream, so event ids only grow and Last-Event-ID still resumes; each new attempt starts with
-a RESET event ({"attempt": n}): what came before it was the aborted attempt's. A follower
-that already showed some of that drops it on `reset` and shows what follows.
+A stream is named by the turn's id and creation time: ids repeat when a database is created
+again while Redis keeps the old streams. A turn run again keeps its stream (ids only grow, so
+Last-Event-ID still resumes); each new attempt starts with a RESET event.
 """
 from __future__ import annotations
 
@@ -49,12 +42,10 @@ STREAM_KEY = "kinsite:turn-events:{stream}"
 RETAIN_SECONDS = 3600
 # At most about this many events per turn (a long reply is a few thousand deltas).
 MAX_EVENTS_PER_TURN = 20_000
-# The in-memory store keeps the events of this many turns at most, the oldest dropped first
-# (and any turn whose last event is older than RETAIN_SECONDS).
+# The in-memory store keeps this many turns at most (and none older than RETAIN_SECONDS).
 MEMORY_MAX_TURNS = 200
 # After a failed publish (Redis away or hanging), publishing pauses this long in the process:
 # each attempt could wait the full socket timeout, and a reply has hundreds of deltas.
-# Followers meanwhile read the turn's outcome from the stored turn.
 PUBLISH_PAUSE_SECONDS = 30.0
 # An event id: a Redis stream id ("1700000000000-0") or the memory store's sequence number.
 _EVENT_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
@@ -112,9 +103,8 @@ async def turn_events_aread(turn: Turn, *, after: str | None, timeout: float) ->
 
 
 def turn_events_forget(turn: Turn) -> None:
-    """Drop the turn's stream now (an erasure: its deltas hold the reply's text). Followers
-    then read the turn's outcome from the stored turn. Logged, never raised: the stream
-    expires by itself after RETAIN_SECONDS."""
+    """Drop the turn's stream now (an erasure: its deltas hold the reply's text). Logged, never
+    raised: the stream expires by itself after RETAIN_SECONDS."""
     if not settings.REDIS_URL:
         _memory.forget(turn_stream(turn))
         return
@@ -162,10 +152,9 @@ def _redis_client(url: str) -> redis.Redis:
     )
 
 
-# A reply's deltas are one XADD each: the stream's expiry is (re)set with its first event
-# published by this process, with its END, and otherwise at most every EXPIRY_REFRESH_SECONDS
-# (an EXPIRE with every delta was half of what publishing cost a turn). The expiry reaches
-# that much further, so a stream still lives RETAIN_SECONDS after its last event.
+# A reply's deltas are one XADD each; the expiry is (re)set with a stream's first event in this
+# process, its END, and otherwise at most every EXPIRY_REFRESH_SECONDS (an EXPIRE per delta
+# doubles publishing's cost), reaching that much further past RETAIN_SECONDS.
 EXPIRY_REFRESH_SECONDS = 60.0
 _expiry_set: dict[str, float] = {}  # stream -> when this process last set its expiry (monotonic)
 _EXPIRY_TRACKED_MAX = 1000

@@ -1,8 +1,6 @@
-"""Turns as background jobs (kinsite.jobs): sending a turn's task, the requeue and stalled
-sweeps' view of turns, and putting back a turn our own service stopped (Redis, the broker
-or the session lock failed before its reply), counted in `auto_retries` up to
-settings.TURN_AUTO_RETRIES. A stalled turn is run again while it has starts left
-(TURN_MAX_ATTEMPTS); a model failure is not retried here (services.turn_retry is by hand)."""
+"""Turns as background jobs (kinsite.jobs; docs/deployment.md#stuck-work): sending a turn's
+task, the sweeps' view of turns, and putting back a turn our own service stopped, counted in
+`auto_retries`. A model failure is not retried here (services.turn_retry is by hand)."""
 from __future__ import annotations
 
 import logging
@@ -43,50 +41,37 @@ UNFINISHED = (Turn.Status.PENDING, Turn.Status.RUNNING)
 
 class TurnNotQueued(ServiceUnavailable):
     """An async turn is stored, but the broker (Redis) did not take its task; it stays
-    pending and the requeue sweep (kinsite.tasks.requeue_jobs_task) queues it once the
-    broker is back."""
+    pending for the requeue sweep."""
 
     code = "broker_unavailable"
 
 
 
 def turns_requeue(*, now: datetime | None = None) -> list[int]:
-    """Queue again the turns left pending without a task in the queue: async posts made
-    while the broker was down (the post answered 503 and kept the turn), turns queued before
-    Redis lost its data in a restart, and stalled turns the broker did not take when
-    the stalled sweep made them pending again. Returns their ids. A turn queued twice
-    still runs once (turn_run claims it). kinsite.jobs.jobs_requeue: the oldest 500 pending
-    turns (partial index turn_pending); with Redis down it stops until the next minute."""
+    """Queue again the turns left pending without a queued task (posted while the broker was
+    down, lost in a Redis restart, made pending by the stalled sweep); their ids. A turn queued
+    twice still runs once (turn_run claims it)."""
     return jobs_requeue(TURN_JOBS, now=now)
 
 
 
 def turn_stalled_after() -> timedelta:
-    """How long a turn must have been running, with its session lock free, before the
-    stalled-turn sweep takes it over: one lease of the session lock (sessions_app.locks:
-    the model's slowest call plus a minute; 315 s by default). A live turn holds that lock
-    from before it starts running until it ends, renewing it before every model call, and
-    a renewal after the lease ran out fails (the lock is no longer its own); so a turn that
-    started more than a lease ago and whose lock nobody holds has no process left that can
-    store its reply."""
+    """How long a turn must have been running, its session lock free, before the stalled sweep
+    takes it over: one lease of the session lock. A live turn holds the lock until it ends,
+    renewing it before every model call, and a late renewal fails; so a turn older than a lease
+    whose lock nobody holds has no process left that can store its reply."""
     return timedelta(seconds=lease_seconds())
 
 
 
 def turns_recover_stalled(*, now: datetime | None = None) -> Recovered:
-    """Take over the turns left running by a process that stopped: a web process that died
-    during a sync turn (its client got a broken connection), a worker killed during an async
-    one, or an async turn whose unacknowledged task Redis lost in a restart.
+    """Take over the turns left running by a process that stopped (a dead web process or
+    worker, an unacknowledged task Redis lost), sync turns included.
 
-    A turn running for longer than turn_stalled_after() is taken over only if its session
-    lock can be taken at once (else someone is working on the session, maybe on this very
-    turn); holding the lock, it is checked again, made pending and queued again: turn_run
-    claims it and runs it with the tool rounds already stored in its history, so nothing
-    done is done twice and it gets one reply. A sync turn too: its client got a broken
-    connection, but the message is stored and gets its reply (the client finds it by
-    polling the turn, or in the session). After TURN_MAX_ATTEMPTS starts a turn is failed
-    instead. kinsite.jobs.jobs_recover_stalled: the 100 longest running (partial index
-    turn_running); with Redis down it stops until the next minute."""
+    A turn running past turn_stalled_after() is taken over only if its session lock can be
+    taken at once (else someone works on the session, maybe on this very turn); under the
+    lock it is checked again and queued again, and runs with the tool rounds already stored,
+    so nothing is done twice. After TURN_MAX_ATTEMPTS starts it is failed instead."""
     return jobs_recover_stalled(TURN_JOBS, now=now)
 
 
@@ -163,10 +148,9 @@ def _out_of_auto_retries_error(*, turn_id: int, message_id: int | None, retries:
 
 
 def turn_requeue_started(*, turn: Turn, reason: str) -> None:
-    """A claimed turn our own service stopped: back to pending for the requeue sweep, one
-    more automatic retry, or failed once it had settings.TURN_AUTO_RETRIES of them. Written
-    only if the turn is still this claim's (its started_at): a turn whose lock was lost may be
-    another process's now. What its attempt stored (tool rounds, tokens) stays."""
+    """A claimed turn our own service stopped: back to pending, one more automatic retry, or
+    failed past settings.TURN_AUTO_RETRIES. Written only if the turn is still this claim's (its
+    started_at): a turn whose lock was lost may be another process's now."""
     now = timezone.now()
     this_claim = {"started_at": turn.started_at}
     counters = {"tool_calls": turn.tool_calls, "prompt_tokens": turn.prompt_tokens, "tokens_in": turn.tokens_in,
@@ -189,10 +173,9 @@ def turn_requeue_started(*, turn: Turn, reason: str) -> None:
 
 
 def turn_requeue_unstarted(turn_id: int, *, reason: str) -> None:
-    """A pending turn whose task could not take the session lock: still pending, one more
-    automatic retry, its queued marker dropped so the requeue sweep sends it again; or failed
-    once it had settings.TURN_AUTO_RETRIES of them. A turn another task took meanwhile (it
-    is not pending any more) is left alone."""
+    """A pending turn whose task could not take the session lock: one more automatic retry, its
+    queued marker dropped so the requeue sweep sends it again, or failed past
+    settings.TURN_AUTO_RETRIES. A turn no longer pending (another task took it) is left alone."""
     turn = Turn.objects.filter(pk=turn_id, status=Turn.Status.PENDING).only("auto_retries", "user_message_id").first()
     if turn is None:
         return

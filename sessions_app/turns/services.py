@@ -1,12 +1,10 @@
 """The chat turn: store the user's message, run the turn (converse.py), publish its end, then
 schedule background work (compaction, introspection).
 
-Turns of one session run one after the other, in post order: whoever holds the session lock
-(sessions_app.locks), a worker's task or a sync post, runs the session's oldest unfinished
-turn, not necessarily the one it came for (see turn_run), and a turn's prompt ends at its
-own message. Each step commits on its own (the message before the model is called, each
-tool round, the reply), so a failing model loses nothing. When Redis is down the API
-answers 503 and says what it kept; jobs.py puts back the turns our own service stopped."""
+Turns of one session run in post order: whoever holds the session lock (a worker's task or a
+sync post) runs the session's oldest unfinished turn, not necessarily its own, and a turn's
+prompt ends at its own message. Each step commits on its own (message, tool rounds, reply),
+so a failing model loses nothing. When Redis is down the API answers 503 and says what it kept."""
 from __future__ import annotations
 
 import copy
@@ -64,18 +62,15 @@ def turn_post(*, session: Session, content: str, sender: str = "", platform: str
               is_async: bool = False, opened: Callable[[Turn], None] | None = None) -> Turn:
     """Post a user message to a session and answer it.
 
-    Sync: under the session lock, runs the session's earlier unanswered turns, then this one,
-    and returns it done; raises TurnFailed (502) with the error recorded on the turn, or
-    ServiceUnavailable (503) when Redis is down. `opened` is called with the stored turn
-    before it runs (a streamed post answers then: stream.py).
-    Async: stores the message and a pending turn and queues its task after commit; raises
-    TurnNotQueued (503), the turn kept, when the broker is down.
-    An archived session raises SessionArchived (409) before anything is stored."""
+    Sync: under the session lock, runs earlier unanswered turns, then this one, and returns it
+    done, or raises TurnFailed (502, recorded on the turn) or ServiceUnavailable (503, Redis
+    down). `opened` gets the stored turn before it runs (a streamed post answers then).
+    Async: stores a pending turn and queues it after commit, or raises TurnNotQueued (503) after
+    the commit, the turn kept."""
     session_check_open(session=session)
     if is_async:
         with transaction.atomic():
             turn = _turn_open(session=session, content=content, sender=sender, platform=platform, is_async=True)
-            # Raises TurnNotQueued (503) after the commit when the broker is down: the turn is kept.
             transaction.on_commit(lambda: turn_enqueue(turn))
         return turn
     turn = None
@@ -110,12 +105,9 @@ def turn_run(*, turn_id: int) -> Turn | None:
     """The task of a queued turn: run the session's oldest unfinished turn and return it (None
     if there was none).
 
-    If that is an earlier turn, this turn's task is sent again, so every unfinished turn
-    keeps a task and turns run in post order whichever task a worker takes first; a
-    duplicate task is harmless. A turn found running under the lock belonged to a process
-    that stopped, and runs again (at most TURN_MAX_ATTEMPTS starts). A model failure is
-    recorded on the turn, not raised. A task that cannot take the lock puts its turn back
-    in the queue (jobs.turn_requeue_unstarted)."""
+    If that is an earlier turn, this turn's task is sent again, so every unfinished turn keeps
+    a task whichever a worker takes first; a duplicate task is harmless. A model failure is
+    recorded on the turn, not raised. A task that cannot take the lock requeues its turn."""
     queued = Turn.objects.filter(pk=turn_id).values_list("session_id", "status").first()
     if queued is None:
         return None
@@ -131,8 +123,7 @@ def turn_run(*, turn_id: int) -> Turn | None:
                 return None
             prompt = _turn_execute(turn=turn, lock=lock, raise_errors=False)
     except (SessionBusy, LockUnavailable) as exc:
-        # Before any turn ran here: the session stayed busy for the whole wait, or Redis did
-        # not answer. This task's turn goes back to the queue rather than wait for nobody.
+        # No turn ran here (the session stayed busy, or Redis did not answer): requeue this one.
         if turn is None:
             turn_requeue_unstarted(turn_id, reason=_lock_wait_reason(exc))
             return None
@@ -150,13 +141,11 @@ def turn_run(*, turn_id: int) -> Turn | None:
 def turn_retry(*, turn: Turn) -> Turn:
     """Run a failed turn again with the message it stored, and return it pending.
 
-    Idempotent: a turn already pending or running is returned as it is (a double click
-    starts one run). A turn that got its reply, or whose message was deleted, raises
-    TurnNotRetryable (409); an archived session raises SessionArchived (409). The conditional
-    UPDATE from failed lets one of two concurrent retries win. The turn then runs in the
-    session's order like any unfinished turn, its prompt ending at its own message.
-    `attempts` keeps counting; `auto_retries` starts again from 0. With the broker down it
-    raises TurnNotQueued (503), the turn kept pending for the requeue sweep."""
+    Idempotent: a turn already pending or running is returned as it is (a double click starts
+    one run); the conditional UPDATE from failed lets one of two concurrent retries win. A turn
+    that got its reply, or whose message was deleted, raises TurnNotRetryable (409); an archived
+    session SessionArchived (409); the broker down TurnNotQueued (503), the turn kept pending.
+    `attempts` keeps counting; `auto_retries` starts again from 0."""
     session_check_open(session=turn.session)
     if turn.user_message_id is None:
         raise TurnNotRetryable(
@@ -202,10 +191,9 @@ _OLDEST_UNFINISHED_SQL = (
 
 def _turn_next(*, opened: Turn) -> Turn:
     """Under the session lock, after a sync post stored `opened`: the turn to run next.
-    Usually `opened` itself: then one statement reads the session with its kin and team and
-    the id of its oldest unfinished turn, and a copy of `opened` carries them (the original
-    may be in a stream's hands). The SQL subquery is cheaper than the five-table read of
-    _turn_oldest_unfinished, once a tenth of a turn's CPU."""
+    Usually `opened` itself, so one statement reads the session, its kin and team and the id
+    of its oldest unfinished turn (cheaper than _turn_oldest_unfinished's five-table read),
+    and a copy of `opened` carries them (the original may be in a stream's hands)."""
     session = (
         Session.objects.select_related("kin__team")
         .annotate(next_turn_id=RawSQL(_OLDEST_UNFINISHED_SQL, UNFINISHED))
@@ -220,15 +208,13 @@ def _turn_next(*, opened: Turn) -> Turn:
 
 
 def _turn_claim(turn: Turn) -> bool:
-    """Under the session lock: mark the turn running, one more start. A turn found running
-    here belonged to a process that stopped (a live turn holds the lock until it ends), so
-    it starts again, unless it already started TURN_MAX_ATTEMPTS times (say it makes its
-    worker run out of memory): then it is failed, and False says so."""
+    """Under the session lock: mark the turn running, one more start. A turn found running here
+    belonged to a stopped process (a live turn holds the lock), so it starts again unless it
+    started TURN_MAX_ATTEMPTS times (say it kills its worker): then it is failed, and False."""
     unfinished = Turn.objects.filter(pk=turn.pk, status__in=UNFINISHED)
     now = timezone.now()
-    # Only a turn found running is a stopped process's: a pending one was checked by the
-    # stalled sweep before it was queued again, or is a member's retry, which runs once more
-    # whatever its count (turn_retry).
+    # A pending turn was checked by the stalled sweep before it was queued again, or is a
+    # member's retry, which runs once more whatever its count.
     error = turn_give_up(turn) if turn.status == Turn.Status.RUNNING else None
     if error is not None:
         turn.status, turn.error, turn.finished_at = Turn.Status.FAILED, error, now
@@ -314,9 +300,8 @@ def _turn_execute(*, turn: Turn, lock: SessionLock, raise_errors: bool) -> Assem
         else:
             prompt = turn_converse(turn=turn, session=session, message=message, lock=lock)
     except REDIS_OUTAGES as exc:
-        # Our own service stopped the turn (the session lock could not be renewed, Redis or the
-        # broker did not answer): not the model's failure, so unless its reply is stored it goes
-        # back to the queue, to run again once the service is back.
+        # Our own service stopped the turn (lock lost, Redis or the broker silent), not the
+        # model: unless its reply is stored it goes back to the queue.
         if turn.status == Turn.Status.DONE:
             raise
         error_code = getattr(exc, "code", "service_unavailable")
@@ -372,14 +357,12 @@ def _turn_fail(*, turn: Turn, error: str) -> None:
 
 def _schedule_background_work(*, session: Session, turn: Turn, prompt: AssembledPrompt | None) -> None:
     """After the turn and outside the session lock (an eager task must not run under it):
-    compaction when the un-summarised history has outgrown its share of the budget (from the
-    boundary the turn's `prompt` read, if it has one), and introspection every
-    `turn_interval` completed turns (commands are not turns)."""
+    compaction when the un-summarised history outgrew its share of the budget, and
+    introspection every `turn_interval` completed turns (commands are not turns)."""
     needed = (compaction_needed(session=session) if prompt is None
               else compaction_needed_after_turn(session=session, summary=prompt.summary))
     if needed:
-        # Once the turn's writes are committed, as the compaction task was sent before the
-        # run had a row: the turn's own work stays what it was (tests/sessions_app/test_turn_queries.py).
+        # On commit, so the turn's own queries stay as tests/sessions_app/test_turn_queries.py counts them.
         transaction.on_commit(lambda: compaction_request(session=session))
     if turn.status == Turn.Status.DONE and turn.user_message.kind == Event.Kind.MESSAGE:
         introspection_after_turn(session=session)  # the turn was counted when its reply was stored

@@ -1,25 +1,15 @@
-"""A chat turn as server-sent events: a streamed post runs the turn in a thread of the web
-process while the response follows the turn's events (turns/events.py).
+"""A chat turn as server-sent events (the protocol: docs/api.md#streaming): a streamed post
+runs the turn in a thread of the web process while the response follows the turn's events
+(turns/events.py). `done` is built by the caller from the stored turn, so it is what the
+non-streaming answer would have been.
 
-The stream: `message` (the stored user message) first, then `delta`, `tool_call` and
-`tool_result` events as the turn publishes them, then exactly one of `done` (built by the
-caller from the stored turn, so it is what the non-streaming answer would have been) or
-`error` (the §11 error shape; the message stays stored and the turn records the failure).
-Every event has an `id:` a client may send back as Last-Event-ID to resume after it; a
-comment line keeps an idle stream open through proxies.
+A turn run again streams its new attempt from the start. A follower that already sent some
+of the stopped attempt's events sends `reset` first; one that sent none skips them silently;
+one resuming with Last-Event-ID after any event but `message` counts as having sent them.
 
-A turn run again (its process stopped and the stalled sweep took it over) streams its new
-attempt from the start. A follower that already sent some of the stopped attempt's events
-sends `reset` ({"attempt": n}) first: the client drops the text and tool events it got and
-shows what follows. A follower that sent none of them skips them, with no `reset`; one
-resuming with Last-Event-ID after any event but `message` counts as having sent them. (Tool
-calls the stopped attempt ran stay stored in the session's history and are not run again.)
-
-A client that disconnects only stops its response: the turn's thread runs on and stores the
-reply. If the web process dies, kinsite.jobs' stalled sweep takes the turn over, as for a
-sync post whose process died. Under WSGI the body is a generator read by the server's
-thread; under ASGI an async generator, so an open stream waits on the event loop (Django
-would read a sync iterator to its end before sending anything under ASGI).
+A client that disconnects only stops its response: the thread runs on and stores the reply.
+Under ASGI the body is an async generator: Django would read a sync iterator to its end
+before sending anything.
 """
 from __future__ import annotations
 
@@ -73,19 +63,13 @@ MessageBody = Callable[[Event], dict]
 
 def turn_post_streamed(*, session: Session, content: str, sender: str = "",
                        platform: str = Event.Platform.API) -> Turn:
-    """Store the message and its turn and run the turn, as a sync post does (session lock,
-    earlier unfinished turns first), but in a thread, returning once the message is stored.
+    """Run a turn as a sync post does, but in a thread, returning once the message is stored.
+    Raises what a sync post raises before storing anything; after that the thread stores the
+    outcome whatever happens to the caller (follow it with turn_event_stream).
 
-    Raises what a sync post raises before storing anything (ServiceUnavailable when Redis,
-    holding the session locks, is down; SessionBusy when the session stayed busy). Once the
-    turn is returned, its outcome (reply or failure) is stored by the thread whatever happens
-    to the caller; follow it with turn_event_stream.
-
-    Called inside a transaction (ATOMIC_REQUESTS, or a test's), the turn runs in the caller's
-    thread instead and is over when this returns; its stream then sends every event at once.
-    The thread's own database connection could not see the transaction's uncommitted rows
-    (the session itself may be one), and on SQLite's shared-cache test database it cannot
-    even write to a table the transaction has written to."""
+    Inside a transaction (ATOMIC_REQUESTS, a test's) the turn runs in the caller's thread and
+    is over on return: a thread's own connection could not see the uncommitted rows, and on
+    SQLite's shared-cache test database could not even write to a table written to."""
     if connection.in_atomic_block:
         return _turn_post_here(session=session, content=content, sender=sender, platform=platform)
     handoff: queue.Queue[Turn | BaseException] = queue.Queue(maxsize=1)
@@ -136,12 +120,10 @@ def _log_turn_failure(session: Session, exc: BaseException) -> None:
 
 def turn_event_stream(request, turn: Turn, *, done_body: DoneBody, message_body: MessageBody,
                       last_event_id: str | None = None, failed_body: DoneBody | None = None) -> StreamingHttpResponse:
-    """The SSE response following `turn` to its end (see the module docstring). `message_body`
-    builds the `message` event's JSON from the stored user message and `done_body` the `done`
-    event's from the stored turn (the caller's serializers: this package sits below the API);
-    `failed_body`, if given, adds its keys to the `error` event's JSON (the dashboard's
-    rendered entry); `last_event_id` (a client's Last-Event-ID) resumes after that event,
-    without the `message` event again."""
+    """The SSE response following `turn` to its end. `message_body` and `done_body` build the
+    `message` and `done` events' JSON (the caller's serializers: this package sits below the
+    API); `failed_body`, if given, adds keys to the `error` event's (the dashboard's rendered
+    entry); `last_event_id` resumes after that event, without `message` again."""
     follower = _TurnFollower(turn=turn, done_body=done_body, message_body=message_body,
                              last_event_id=event_id_or_none(last_event_id), failed_body=failed_body)
     django_request = getattr(request, "_request", request)  # a DRF Request wraps Django's
@@ -214,8 +196,7 @@ class _TurnFollower:
 
     def read_failed(self, exc: Exception) -> None:
         """A read of the turn's events failed (Redis away): the stream goes on from the stored
-        turn, which ends it with `done` or `error` as usual; text of the reply may be missing
-        from the deltas, never from `done`. Logged once per stream."""
+        turn, so deltas may miss text, `done` never. Logged once per stream."""
         if not self.read_errors:
             logger.warning("Turn %s: reading its events failed (%s); following the stored turn",
                            self.turn_id, exc)
@@ -231,7 +212,7 @@ class _TurnFollower:
         return not Turn.objects.filter(pk=self.turn_id, status__in=UNFINISHED).exists()
 
     def closing(self) -> bytes:
-        """The last event, from the stored turn: `done`, or `error` in the §11 shape."""
+        """The last event, from the stored turn: `done`, or `error` in the API's error shape."""
         turn = Turn.objects.select_related("user_message", "reply").get(pk=self.turn_id)
         if turn.status == Turn.Status.DONE:
             return sse_event(event="done", data=self.done_body(turn), event_id=self.last_id)

@@ -1,6 +1,5 @@
-"""A session's conversation as the dashboard shows it: each message or command with the
-turn that answered it, the tool calls that led to a reply folded under it, and what to check
-under a failed turn. Read by the session page and the chat's partials (sessions.py)."""
+"""A session's conversation as the dashboard shows it: each message or command with the turn
+that answered it, the tool calls folded under the reply, and what to check under a failure."""
 from __future__ import annotations
 
 import json
@@ -29,10 +28,9 @@ class ToolStep:
 
 @dataclass
 class TurnFailure:
-    """What the chat shows under a failed turn's message, to find the cause: the model it
-    asked for, the endpoint that failed (its path for members; LLM_BASE_URL itself only for
-    staff, who configure it: members never see where the model lives), and the model calls
-    its last attempt made (the kin's turn calls logged while it ran)."""
+    """What the chat shows under a failed turn's message, to find the cause: the model, the
+    endpoint (LLM_BASE_URL only for staff: members never see where the model lives, just the
+    path) and the model calls its last attempt made."""
 
     model: str
     endpoint: str
@@ -87,9 +85,8 @@ def tool_steps_by_turn(tool_events: list[Event]) -> dict[int, list[ToolStep]]:
 
 
 def chat_entries(events: list[Event], turn_rows: list[Turn], tool_events: list[Event]) -> list[ChatEntry]:
-    """The conversation as shown: each event (oldest first) with its turn and tool steps.
-    A turn's tool steps go under its reply; under the user message only when the turn
-    has no reply (it failed, or is still running)."""
+    """Each event (oldest first) with its turn and tool steps; a turn's steps go under its
+    reply, or under the user message while it has none (failed, or still running)."""
     steps = tool_steps_by_turn(tool_events)
     turn_by_message = {turn.user_message_id: turn for turn in turn_rows}
     entries = []
@@ -106,10 +103,9 @@ def chat_entries(events: list[Event], turn_rows: list[Turn], tool_events: list[E
 
 
 def entries_for(session: Session, events: list[Event], *, staff: bool = False) -> list[ChatEntry]:
-    """Two queries whatever the number of events: their turns, and the tool events of
-    those turns (found by the turn id stored on each tool event, from the oldest event
-    shown on, which keeps the scan on the session's time index); a third when a turn
-    shown failed (its model calls, turn_failures). `staff`: show them LLM_BASE_URL."""
+    """Two queries whatever the number of events: their turns, and those turns' tool events
+    (by the turn id on each, from the oldest event shown, so the scan stays on the session's
+    time index); a third when a shown turn failed. `staff`: show them LLM_BASE_URL."""
     if not events:
         return []
     user_ids = [event.pk for event in events if event.role == Event.Role.USER]
@@ -139,9 +135,8 @@ FAILURE_CALLS_SHOWN = 5
 
 
 def turn_failures(session: Session, failed: list[Turn], *, staff: bool) -> dict[int, TurnFailure]:
-    """Each failed turn's TurnFailure, by turn id, from one query of the kin's turn model calls
-    made while the failed turns ran (LLMCall rows carry the kin, not the turn: a call of
-    another session of the kin in the same seconds may be listed too)."""
+    """Each failed turn's TurnFailure by turn id, from one query of the kin's turn calls made
+    while they ran (LLMCall rows carry the kin, not the turn: another session's may show)."""
     if not failed:
         return {}
     kin = session.kin

@@ -1,6 +1,5 @@
-"""The introspection panel of a session's page: its recent runs (their tool calls as steps,
-the memories each touched), the newest compaction summary, and whether to poll while a run
-is queued or running. The session page and the panel's own views (sessions.py) render it."""
+"""The introspection panel of a session's page: its recent runs, the newest compaction summary,
+and whether to poll while a run is queued or running (rendered by sessions.py's views)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

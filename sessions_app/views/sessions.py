@@ -1,13 +1,7 @@
-"""A session's page: the chat (post with or without htmx; the reply is swapped in, with
-the tool calls that led to it folded underneath, entries.py), the prompt preview beside it,
-and the introspection panel below (working memory, description, the recent runs and a
-"Checkpoint now" button, panel.py). Posting calls sessions_app.turns.turn_post, the preview
-sessions_app.prompt.prompt_assemble and the checkpoint
-sessions_app.introspection.introspection_request, the same services the API calls. With
-JavaScript (kinsite/static/kinsite/chat.js) a post streams instead: session_post_stream
-answers the turn's server-sent events (sessions_app.turns.stream, as the API does), with the
-entries rendered by the same templates in its `message` and `done` events. An archived
-session's page shows its history read-only, with "Unarchive" where the chat box was."""
+"""A session's page (docs/dashboard.md#chat): the chat (entries.py), the prompt preview beside
+it and the introspection panel below (panel.py), through the same services the API calls.
+With JavaScript (kinsite/static/kinsite/chat.js) a post streams instead: session_post_stream
+answers the turn's server-sent events, the entries rendered by the page's own templates."""
 from __future__ import annotations
 
 from django import forms
@@ -44,7 +38,6 @@ from sessions_app.views.panel import (
 
 # The newest page comes first: a chat opens on its latest messages.
 MESSAGES_PER_PAGE = 50
-# Everything typed in the dashboard is the web platform.
 PLATFORM = Event.Platform.WEB
 SENDER_MAX_CHARS = Event._meta.get_field("sender").max_length
 
@@ -140,10 +133,9 @@ def session_introspection(request, session_id: int):
 @require_POST
 @team_required
 def session_checkpoint(request, session_id: int):
-    """"Checkpoint now": request an introspection run (trigger checkpoint), as POST
-    /api/v1/sessions/{id}/checkpoint/ does. Without htmx: redirect back to the panel (or
-    the page with the error, 409, when introspection is off for the kin). With htmx: the
-    panel, with the requested run or the error (200: htmx swaps only successful responses)."""
+    """"Checkpoint now": request an introspection run, as the API's checkpoint does. Without
+    htmx: back to the panel (or the page with the error, 409). With htmx: the panel with the
+    run or the error (200: htmx swaps only successful responses)."""
     chat_session = selectors.session_get(team=request.team, session_id=session_id)
     partial = wants_partial(request)
     run, error = None, ""
@@ -172,11 +164,9 @@ def session_checkpoint(request, session_id: int):
 @require_POST
 @team_required
 def session_post(request, session_id: int):
-    """One chat turn. Without htmx: redirect back to the session (the reply, or the
-    model's error under the message, is on the page). With htmx: 200 and a partial
-    that appends the message and its reply (or the error) to the conversation and
-    resets the form out of band; a model failure is not an HTTP error here because
-    htmx would not swap it in, and the message it concerns is stored either way."""
+    """One chat turn. Without htmx: redirect back to the session. With htmx: 200 and a partial
+    appending the message and its reply (or the error) and resetting the form out of band; a
+    model failure is not an HTTP error, which htmx would not swap in (the message is stored)."""
     chat_session = selectors.session_get(team=request.team, session_id=session_id)
     partial = wants_partial(request)
     form = ChatPostForm(request.POST)
@@ -219,12 +209,9 @@ def session_post(request, session_id: int):
 @require_POST
 @team_required
 def session_post_stream(request, session_id: int):
-    """One chat turn as server-sent events, for chat.js (members chat, as with session_post):
-    `message` (the stored message, rendered as the page shows it), then `delta`, `tool_call`
-    and `tool_result` as the turn runs, then `done` (the message and its reply rendered, to
-    replace what was streamed) or `error` (the §11 shape; the message stays stored). A post
-    refused before anything is stored answers JSON in the §11 shape instead: 400 for an
-    invalid form, 409 for an archived or busy session, 503 when Redis is down."""
+    """One chat turn as server-sent events for chat.js, as the API streams them, with `message`,
+    `done` and `error` carrying rendered entries. A post refused before anything is stored
+    answers the JSON error shape instead: 400 invalid, 409 archived or busy, 503 Redis down."""
     chat_session = selectors.session_get(team=request.team, session_id=session_id)
     form = ChatPostForm(request.POST)
     if not form.is_valid():
@@ -270,11 +257,9 @@ def _entries_html(entries: list[ChatEntry], *, request=None) -> str:
 @require_POST
 @team_required
 def session_turn_retry(request, session_id: int, turn_id: int):
-    """Retry a failed turn (sessions_app.turns.turn_retry, as the API's POST /turns/{id}/retry/):
-    its stored message is answered again, not posted twice. Without htmx: back to the
-    session, at the message. With htmx: the turn's entries, replacing the failed one; a turn
-    still running (a worker has it) polls session_turn_entries until it ends. A turn that
-    got its reply meanwhile (a second click) just shows it."""
+    """Retry a failed turn (turns.turn_retry, as the API's retry): its stored message is answered
+    again, not posted twice. Without htmx: back to the session, at the message. With htmx: the
+    turn's entries, replacing the failed one; a turn still running polls session_turn_entries."""
     chat_session = selectors.session_get(team=request.team, session_id=session_id)
     turn = get_object_or_404(Turn.objects.select_related("session"), session=chat_session, pk=turn_id)
     error, status = "", 200
