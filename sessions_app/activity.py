@@ -293,7 +293,7 @@ def cursor_decode(text: str) -> Key:
         created_at = datetime.fromisoformat(stamp)
         pk = int(pk_text)
         if created_at.tzinfo is None:
-            raise ValueError("a cursor's time has a time zone")
+            raise ValueError("a cursor's time must have a time zone")
         # In UTC, as the database compares it (year 1 at +05:00 would overflow there).
         created_at = created_at.astimezone(UTC)
     except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError) as exc:
