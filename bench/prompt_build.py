@@ -41,6 +41,7 @@ QUERY_KINDS = (
     # The message counts (counters kept by triggers) had their own query until the evening of 2026-12-02.
     ("consolidation_experienceversion", "session extras (experience, parent, summary, message counts)"),
     ("to_tsvector('english', t)", "memories: query lexemes"),
+    ("memories_memorytermcount", "memories: scope stats"),
     ("ts_stat(", "memories: scope stats"),
     ("avg(length(", "memories: scope stats"),
     ("memories_memory_fts", "memories: BM25 candidates"),
