@@ -1,10 +1,8 @@
-"""The MCP server's tools as MCP clients see them: names, descriptions and JSON schemas (the
-SDK derives each schema from the annotated signature), each a thin async wrapper that runs
-its agent_mcp.tools function for the calling token and turns failures into tool errors.
+"""The MCP server's tools as clients see them (names, descriptions, schemas derived from the
+annotated signatures), each a thin wrapper running its agent_mcp.tools function.
 
-The caller is not an argument: agent_mcp.views authenticates the HTTP request and puts the
-token's principal in the ASGI scope, which the SDK hands every tool as the request of its
-Context (`_caller`), so a tool cannot act for any team but the token's.
+The caller is never an argument: agent_mcp.views puts the token's principal in the ASGI scope,
+which reaches each tool through its Context (`_caller`), so a tool acts only for that team.
 """
 
 import json
@@ -45,10 +43,8 @@ INSTRUCTIONS = (
 
 
 class KinsiteMCPServer(MCPServer):
-    """The SDK's server, refusing arguments a tool does not take. The SDK validates arguments with
-    a pydantic model that ignores unknown keys, so an agent's typo ("importnce") was dropped
-    silently and the call made without it; now it is a tool error, like any other bad argument,
-    and the tools' schemas say so (additionalProperties: false)."""
+    """The SDK's server, refusing arguments a tool does not take: the SDK's validation ignores
+    unknown keys, so an agent's typo ("importnce") would be dropped silently."""
 
     async def list_tools(self):
         tools = await super().list_tools()
@@ -88,11 +84,10 @@ def _validation_text(detail, prefix: str = "") -> str:
 
 async def _run(ctx: Context, tool: Callable[..., dict[str, Any]], *, error: type[Exception] = ToolError,
                **arguments) -> dict[str, Any]:
-    """Run an agent_mcp.tools function for the calling token, in Django's thread for synchronous
-    code (so the ORM keeps one connection per request, as a sync view would). Anticipated
-    failures are raised as `error` with a message for the client: a ToolError, which the SDK
-    answers as an isError result, or for a resource a ResourceError (a JSON-RPC error).
-    Anything else is a bug, which the SDK logs and answers with a generic error (never a crash)."""
+    """Run an agent_mcp.tools function for the calling token in Django's sync thread (one ORM
+    connection per request, as in a sync view). Anticipated failures become `error` with a
+    message for the client (ToolError: an isError result; ResourceError: a JSON-RPC error);
+    anything else is a bug the SDK logs and answers generically."""
     caller = _caller(ctx)
     try:
         return await sync_to_async(tool, thread_sensitive=True)(caller, **arguments)
@@ -307,8 +302,7 @@ async def message_post(
 
 
 # --- resources -----------------------------------------------------------------------------------
-# The same reads as the tools, addressed by URI, for clients that attach context rather than
-# call tools. Templates (resources/templates/list): the client fills in the kin's id.
+# The same reads as the tools, by URI, for clients that attach context rather than call tools.
 
 
 @mcp_server.resource(

@@ -1,12 +1,7 @@
-"""What each MCP tool does, as plain synchronous Django code: the caller (the API token's
-principal: its team, token and user) and the tool's arguments in, a JSON-able dict out.
-
-Every row is reached through the caller's team, as in the API: another team's kin, session,
-memory or workflow answers NotFound, the same as an id that does not exist. Arguments are
-checked by the API's own serializers, so a value the API refuses is refused here with the
-same rule; reads and writes go through the same selectors and services (change log,
-duplicate merge, fact ledger, the chat turn). Failures are raised as kinsite errors (or
-DRF's ValidationError and Throttled); agent_mcp.server turns them into tool errors.
+"""What each MCP tool does, as plain synchronous Django code: the caller's token principal and
+the arguments in, a JSON-able dict out. As in the API, every row is reached through the
+caller's team (another team's id answers NotFound), arguments go through the API's own
+serializers, and work through the same selectors and services.
 """
 from __future__ import annotations
 
@@ -59,8 +54,7 @@ from workflows.models import Workflow
 from workflows.selectors import node_get, node_lineage, node_lineage_export, workflow_get
 
 # --- the caller's rows ------------------------------------------------------------------------
-# The selectors answer Http404 for another team's id; here it becomes a message that names
-# what was asked for, and says nothing more (as the API's 404 does).
+# Http404 becomes a message naming what was asked for, and nothing more (as the API's 404).
 
 
 def _kin(caller: TokenPrincipal, kin_id: int) -> Kin:
@@ -170,8 +164,7 @@ def memory_delete(caller: TokenPrincipal, *, memory_id: int, reason: str | None 
     return {"memory": MemorySerializer(memory).data}
 
 
-# The memories resource lists a kin's active memories whole; past this many (newest first)
-# it says it was cut, and memory_search is the way in.
+# Past this many, the memories resource says it was cut (memory_search is the way in).
 RESOURCE_MEMORIES_MAX = 500
 
 
@@ -233,7 +226,7 @@ SESSION_LIST_MAX = 100
 def session_list(caller: TokenPrincipal, *, kin_id: int, archived: bool | None = None, limit: int | None = None,
                  before_id: int | None = None) -> dict[str, Any]:
     """A kin's sessions, newest first, as GET /kins/{id}/sessions/ lists them; `before_id`
-    pages on (the sessions older than that one), `more` says whether there are."""
+    pages on, `more` says whether there are older ones."""
     kin = _kin(caller, kin_id)
     limit = limit or SESSION_LIST_DEFAULT
     if not 1 <= limit <= SESSION_LIST_MAX:
@@ -285,8 +278,7 @@ def lineage_read(caller: TokenPrincipal, *, workflow_id: int, node_id: str,
 
 def message_post(caller: TokenPrincipal, *, session_id: int, content: str, sender: str | None = None,
                  platform: str | None = None) -> dict[str, Any]:
-    # Counted against the token's "chat" allowance, as POST /sessions/{id}/messages/ is, and
-    # first, as DRF throttles a view before it runs: every attempt counts, refused or not.
+    # The token's "chat" allowance, checked first as DRF does: every attempt counts, refused or not.
     token_throttle_check(principal=caller, scope="chat")
     session = _session(caller, session_id)
     data = _valid(MessagePostSerializer, {"content": content, "sender": sender, "platform": platform})

@@ -1,16 +1,10 @@
 """POST /mcp/: the MCP server over streamable HTTP, as one Django async view.
 
-Why a Django view rather than mounting the SDK's Starlette app in kinsite/asgi.py: the same
-URL then works under every server Kinsite runs on, gunicorn's uvicorn workers (ASGI) and
-`manage.py runserver` (WSGI, which runs an async view in an event loop of its own), and it
-passes through Django's middleware (allowed hosts, security headers) like every other URL.
-
-The SDK runs stateless with JSON responses: each POST is answered on its own, no session is
-kept between requests, so any web process can answer any request and nothing has to be
-shared or cleaned up. The view authenticates the Bearer token exactly as the API does
-(kinsite.api.auth), then hands the request to the SDK as an ASGI scope carrying the token's
-principal (agent_mcp.server reads it from there) and turns the SDK's ASGI answer back into
-a Django response.
+A Django view rather than the SDK's Starlette app mounted in kinsite/asgi.py, so the URL works
+under both ASGI and `runserver` and passes through Django's middleware like any other. The SDK
+runs stateless with JSON responses, so any web process can answer any request. The view
+authenticates the Bearer token as the API does and hands the SDK an ASGI scope carrying the
+token's principal.
 """
 import anyio
 from asgiref.sync import sync_to_async
@@ -66,8 +60,8 @@ def _asgi_scope(request, caller: TokenPrincipal) -> dict:
 
 
 async def _answer(scope: dict, body: bytes) -> HttpResponse:
-    """Run one request through the SDK and collect its answer. JSON mode answers every
-    request with one body, so it is buffered whole."""
+    """Run one request through the SDK and collect its answer, buffered whole (JSON mode
+    answers with one body)."""
     answered = anyio.Event()
     sent_body = False
     status, headers, chunks = 500, [], []
@@ -90,10 +84,8 @@ async def _answer(scope: dict, body: bytes) -> HttpResponse:
             if not message.get("more_body", False):
                 answered.set()
 
-    # A manager per request: stateless, it holds nothing between requests, and its run()
-    # scope (a task group for the request's server task) ends with the request. It serves
-    # the MCPServer's low-level Server, which the SDK keeps private but uses the same way
-    # itself (mcp.client.Client connects to an MCPServer through it).
+    # A manager per request: stateless, it holds nothing between requests. It serves the
+    # MCPServer's private low-level Server, as the SDK's own mcp.client.Client does.
     manager = StreamableHTTPSessionManager(app=mcp_server._lowlevel_server, json_response=True, stateless=True)
     try:
         async with manager.run():
@@ -110,10 +102,8 @@ async def _answer(scope: dict, body: bytes) -> HttpResponse:
 @csrf_exempt  # Bearer tokens, never cookies: no cross-site request can carry one.
 async def mcp_endpoint(request):
     if request.method != "POST":
-        # Stateless, the server has no stream of its own to offer (GET) and no session to end
-        # (DELETE); the transport lets it say so with 405. Handed to the SDK, a GET would be
-        # held open as an event stream that never sends anything, and a buffered answer
-        # would never come.
+        # Stateless, there is no stream to offer (GET) nor session to end (DELETE). Handed to
+        # the SDK, a GET would be held open as an event stream whose buffered answer never comes.
         response = JsonResponse(error_body("method_not_allowed", "The MCP endpoint takes POST only."), status=405)
         response["Allow"] = "POST"
         return response

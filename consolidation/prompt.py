@@ -30,14 +30,10 @@ _HEADING_LINE = re.compile(r"^#{1,6}[ \t]+\S")
 
 
 def canonical_sections(template_body: str) -> list[str]:
-    """The headings the experience document must have, in order, read from the template.
-
-    Rule: the canonical sections are the template's heading list, i.e. the longest run of
-    Markdown heading lines ("# ..." to "###### ...") that follow one another with nothing
-    but blank lines between them (the first such run on a tie). Headings standing alone
-    elsewhere in a template ("## Rules") structure the prompt, not the document. In the
-    built-in default that run is "# Master AI Experience" and its five "## N. ..." lines.
-    A template without headings imposes no sections."""
+    """The headings the experience document must have, in order: the template's heading
+    list, i.e. the longest run of Markdown heading lines with only blank lines between them
+    (the first on a tie). Headings standing alone elsewhere ("## Rules") structure the
+    prompt, not the document. A template without headings imposes no sections."""
     best: list[str] = []
     current: list[str] = []
     for line in template_body.splitlines():
@@ -63,16 +59,11 @@ APPENDED_WHEN_MISSING = ("current_experience", "pending_facts")
 
 def render_prompt(*, template_body: str, kin_name: str, max_words: int, current_experience: str,
                   pending: list[Fact], active: list[Fact]) -> str:
-    """The consolidation prompt: `template_body` filled in (raises TemplateError).
-
-    The values are stored text, made safe before they are pasted in (kinsite.prompt_safety):
-    the document keeps its headings, which the answer must repeat, but cannot close its
-    block, and a line of it that poses as a role turn is quoted.
-
-    A template without {current_experience} or {pending_facts} (instructions written
-    elsewhere, often with only {max_words}) gets each appended after it, in the tags the
-    default uses, when it has content: otherwise the model would never see the facts and
-    they would stay pending for ever."""
+    """The consolidation prompt: `template_body` filled in (raises TemplateError). Values are
+    stored text, made safe first (kinsite.prompt_safety): the document keeps the headings the
+    answer must repeat, but cannot close its block or pose as a role turn. A template
+    without {current_experience} or {pending_facts} gets each appended, in the default's
+    tags, when it has content: otherwise the facts would stay pending for ever."""
     data = {
         "current_experience": guarded(current_experience.strip(), keep_headings=True),
         "pending_facts": "\n".join(fact_line(fact) for fact in pending),
@@ -108,9 +99,8 @@ _HTML_COMMENT = re.compile(r"<!--.*?(-->|$)", re.DOTALL)
 # dates are kept: "the contract ends 2026-06-30" is knowledge.
 _TIMESTAMP_TEXT = r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s?(?:Z|UTC|[+-]\d{2}:?\d{2}))?\b"
 _TIMESTAMP = re.compile(_TIMESTAMP_TEXT)
-# A timestamp alone in its brackets ("[2026-03-02T09:00Z] ...", "... (2026-03-02 14:05)")
-# can go without touching the sentence. One inside a sentence ("(learned 2026-12-01 10:00)")
-# cannot: cutting it out left "(learned." So those go back to the model (answer_validate).
+# A timestamp alone in its brackets can go without touching the sentence; one inside a
+# sentence cannot (cutting "(learned 2026-12-01 10:00)" left "(learned."): answer_validate refuses it.
 _BRACKETED_TIMESTAMP = re.compile(rf"\[\s*{_TIMESTAMP_TEXT}\s*\]|\(\s*{_TIMESTAMP_TEXT}\s*\)")
 _WORD = re.compile(r"\w+(?:['’\-.]\w+)*")
 TIMESTAMP_LINES_SHOWN = 3
@@ -166,22 +156,15 @@ def _id_list(value, key: str, errors: list[str]) -> list[int]:
 def answer_validate(
     raw: str, *, sections: list[str], max_words: int, pending_ids: set[int], active_ids: set[int]
 ) -> tuple[ConsolidationAnswer | None, list[str]]:
-    """Check a model answer; (the answer, []) when valid, else (None, every reason).
+    """Check a model answer; (the answer, []) when valid, else (None, every reason):
 
-    - a JSON object (a ```json fence around it is tolerated) with exactly the keys
-      updated_experience_markdown (non-empty string), processed_pending_ids (list of
-      ints), superseded_fact_ids (list of ints) and summary_of_changes (string);
+    - one JSON object (a ```json fence tolerated) with exactly ANSWER_KEYS, each typed;
     - every processed id is one of `pending_ids` (this kin's facts pending at the run's
-      start and shown in the prompt); ids of other kins or unknown ids are refused alike;
-      and while facts are pending at least one is processed (an answer that processed
-      none would be applied as a new version while the facts stayed pending for ever);
-    - every superseded id is one of `active_ids` (this kin's active facts, pending or
-      consolidated, shown in the prompt);
-    - after HTML comments and timestamps are stripped (clean_markdown): each canonical
-      section heading appears as a line of its own exactly once, in the template's order
-      (other headings, e.g. ### subsections, are allowed), no timestamp is left (one
-      inside a sentence cannot be cut out safely), and the document has at most
-      `max_words` words (word_count)."""
+      start), unknown and other kins' ids refused alike, and while facts are pending at least
+      one is processed (else a new version would apply while the facts stay pending for ever);
+    - every superseded id is one of `active_ids` (this kin's active facts shown in the prompt);
+    - after clean_markdown: each canonical section heading on its own line exactly once, in
+      the template's order (other headings allowed), no timestamp left, at most `max_words`."""
     try:
         data = json.loads(strip_json_fence(raw or ""))
     except ValueError as exc:

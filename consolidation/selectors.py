@@ -79,17 +79,14 @@ def _normalise(heading: str) -> str:
 
 
 def experience_section(markdown: str, number_or_heading: int | str) -> str | None:
-    """One section of an experience document, its heading line included; None when absent.
+    """One section of an experience document, its heading line included; None when absent:
 
-    - 0 or "title" (or "0"): the title part: the `# ` heading line and whatever follows it
-      up to the first `## ` heading.
-    - N ≥ 1 (or "N"): the Nth `## ` section, from its heading up to the next `## ` or `# `
-      heading (its `###` subsections included). Counting is by position, so it works
-      whatever the headings say.
-    - any other text: the `## ` section whose heading matches it, ignoring case, extra
-      spaces and a leading number ("Project-Specific Constraints" finds
-      "## 3. Project-Specific Constraints"; "3. Project-Specific Constraints" too).
-    Heading-like lines inside fenced code blocks are not headings."""
+    - 0, "0" or "title": the `# ` heading line and what follows up to the first `## `;
+    - N ≥ 1 (or "N"): the Nth `## ` section by position, up to the next `## ` or `# `
+      heading (its `###` subsections included);
+    - other text: the `## ` section whose heading matches it, ignoring case, extra spaces
+      and a leading number ("Project-Specific Constraints" finds "## 3. Project-Specific
+      Constraints"). Heading-like lines inside fenced code blocks are not headings."""
     if isinstance(number_or_heading, str) and number_or_heading.strip().isdigit():
         number_or_heading = int(number_or_heading.strip())
     if isinstance(number_or_heading, str) and number_or_heading.strip().casefold() == "title":
@@ -130,10 +127,9 @@ def experience_section(markdown: str, number_or_heading: int | str) -> str | Non
 
 
 def experience_nested(markdown: str, levels: int = 2) -> str:
-    """The document with every heading `levels` deeper (at most ######), for the prompt:
-    the system prompt's own sections are `## ` headings, so the document's `# ` title and
-    `## ` sections become `### ` and `#### ` under its Experience section instead of
-    looking like sections of the prompt. Fenced code blocks are left alone."""
+    """The document with every heading `levels` deeper (at most ######), for the prompt: the
+    system prompt's own sections are `## ` headings, so the document's must sit below its
+    Experience section instead of looking like sections of the prompt. Fences are left alone."""
     out, in_fence = [], False
     for line in markdown.splitlines():
         if _FENCE.match(line):

@@ -1,14 +1,11 @@
 """Writes of the fact ledger and consolidation: fact_record() appends learnings;
 consolidation_run() folds a kin's pending facts into a new version of its experience
-document: template → prompt → model → validation in code (one corrective retry) → one
-transaction (consolidation_apply). consolidation_request() queues a run for a worker
-(consolidation_run_requested() claims and runs it; kinsite.jobs' sweeps send again a run
-whose task was lost and fail one left running: CONSOLIDATION_JOBS); consolidation_nightly()
-is the beat's entry point. A kin without pending facts is not consolidated: there is nothing to fold in.
+document (template → prompt → model → validation with one corrective retry → one
+transaction, consolidation_apply). consolidation_request() queues a run for a worker;
+consolidation_nightly() is beat's entry point. A kin without pending facts is not consolidated.
 
-Whatever happens, the ConsolidationRun row records it. A model or apply failure is not
-raised to the caller: it is recorded on the run (status failed, error) and nothing else
-changes; a rejected answer likewise (status rejected, validation_errors)."""
+Every outcome is recorded on the ConsolidationRun row: a model or apply failure (failed,
+error) or a rejected answer (rejected, validation_errors) is not raised to the caller."""
 from __future__ import annotations
 
 import logging
@@ -185,18 +182,15 @@ def consolidation_run(
     night: date | None = None,
     llm: PromptAnswerer | None = None,
 ) -> ConsolidationRun:
-    """Consolidate `kin` and return the run row, whatever the outcome (its status says it:
-    applied, rejected, failed, or prepared when `prepare` only renders the prompt).
+    """Consolidate `kin` and return the run row, whatever the outcome (its status: applied,
+    rejected, failed, or prepared when `prepare` only renders the prompt, pending facts or not).
 
     The template resolves explicit `template_body` → kin → team → built-in default. The
-    model is the gateway's (llm_chat, purpose "consolidation", JSON mode) unless `llm`, a
-    callable prompt text → answer text, is given (the command's --llm). A rejected answer
-    gets one corrective retry. `prepare` works without pending facts (it shows the prompt).
-    Raises ModelNotConfigured (nothing recorded) when the run would need the model and none
-    is configured, TemplateError for an invalid explicit template, NothingToConsolidate when the
-    kin has no pending facts (no run is recorded, no model called), ConsolidationBusy when
-    another run of the kin is in progress, and NightAlreadyConsolidated when `night` (a
-    nightly run) is done already."""
+    model is the gateway's (purpose "consolidation", JSON mode) unless `llm`, prompt text →
+    answer text, is given (the command's --llm). Raises, recording no run:
+    ModelNotConfigured, TemplateError (an invalid explicit template), NothingToConsolidate
+    (no pending facts), ConsolidationBusy (another run of the kin is in progress) and
+    NightAlreadyConsolidated (`night`'s nightly run is done already)."""
     max_words = max_words or settings.CONSOLIDATION_MAX_WORDS
     template = template_resolve(kind=KIND, kin=kin, explicit_body=template_body)
     if prepare:
@@ -219,10 +213,9 @@ def consolidation_run(
 
 def consolidation_preview(*, kin: Kin, template_body: str,
                           max_words: int | None = None) -> tuple[list[dict[str, str]], list[str]]:
-    """The messages a consolidation of `kin` would send now with `template_body` as its
-    template, and notes on what they were read from; reads only (unlike `prepare`, no run
-    is recorded; no lock, no model call). Raises TemplateError for a body that does not
-    validate."""
+    """The messages a consolidation of `kin` would send now with `template_body`, and notes
+    on what they were read from. Reads only: no run recorded, no lock, no model call.
+    Raises TemplateError for a body that does not validate."""
     max_words = max_words or settings.CONSOLIDATION_MAX_WORDS
     snapshot = _snapshot(kin=kin, template=ResolvedTemplate(body=template_body, source="explicit"),
                          max_words=max_words)
@@ -258,10 +251,9 @@ def consolidation_request(*, kin: Kin, trigger: str, max_words: int | None = Non
 
 def consolidation_run_requested(*, run_id: int) -> ConsolidationRun | None:
     """Consolidate the kin of a requested run (consolidation_request); the run, None when it
-    is gone. Idempotent: a run that is not pending any more (claimed by an earlier delivery
-    of its task, done, skipped) is returned untouched. Without pending facts the run is
-    closed as skipped and no model is called. Raises ConsolidationBusy when another run of
-    the kin is in progress (the run stays pending)."""
+    is gone. Idempotent: a run no longer pending is returned untouched. Without pending
+    facts the run is closed as skipped. Raises ConsolidationBusy when another run of the kin
+    is in progress (the run stays pending)."""
     run = ConsolidationRun.objects.select_related("kin__team").filter(pk=run_id).first()
     if run is None or run.status != Status.PENDING:
         return run
@@ -509,14 +501,11 @@ def scheduled_night(*, now: datetime, zone: ZoneInfo) -> tuple[date, datetime]:
 
 
 def consolidation_nightly(*, now: datetime | None = None) -> list[ConsolidationRun]:
-    """The beat's service (it runs every 15 minutes; this decides per team time zone).
-
-    A kin's night is the team-local date of the most recent CONSOLIDATION_HOUR:MINUTE
-    (default 02:00). A kin is consolidated once per night, when it has pending facts that
-    arrived before that moment: facts logged during the day wait for the next night, and
-    a beat that was down at 02:00 catches up when it is back. One query finds the kins
-    with pending facts (and their oldest one); the unique (kin, night) constraint on
-    nightly runs makes a second call for the same night, or a second beat, a no-op."""
+    """Beat's service (every 15 minutes; it decides per team time zone). A kin's night is
+    the team-local date of the most recent CONSOLIDATION_HOUR:MINUTE; a kin is consolidated
+    once per night when it has pending facts from before that moment, so a day's facts wait
+    for the next night and a beat down at that hour catches up when back. The unique (kin,
+    night) constraint on nightly runs makes a second call, or a second beat, a no-op."""
     now = now or timezone.now()
     # The kin's oldest pending fact: a range scan of the partial index fact_pending.
     oldest_pending = Fact.objects.filter(PENDING, kin_id=OuterRef("pk")).order_by("created_at").values("created_at")[:1]

@@ -1,8 +1,6 @@
-"""Dashboard pages for a kin's experience document and fact ledger: the document (any
-version), its versions and a diff between any two, the consolidation runs with their
-audit details, "Consolidate now", and the facts with an "Add fact" form. Reads are
-scoped to the user's team through kin_get (other teams' kins answer 404); writes go
-through consolidation.services."""
+"""Dashboard pages for a kin's experience document (any version, a diff between any two,
+the runs, "Consolidate now") and its fact ledger. Reads are scoped to the user's team
+through kin_get (other teams' kins answer 404); writes go through consolidation.services."""
 import difflib
 import re
 from dataclasses import dataclass
@@ -116,10 +114,8 @@ def _changed_words(before: str, after: str) -> tuple[Pieces, Pieces]:
 
 def experience_side_by_side(before: ExperienceVersion, after: ExperienceVersion) -> list[DiffRow]:
     """The same diff as experience_diff in two columns: unchanged lines aligned, a changed
-    line beside the line it replaced (changed words marked), an added or removed line
-    beside an empty cell; DIFF_CONTEXT_LINES of context around changes, and a gap row
-    wherever unchanged lines are left out. Empty when the two documents are the same. The
-    template escapes every piece."""
+    line beside the one it replaced (changed words marked), an added or removed line beside
+    an empty cell, DIFF_CONTEXT_LINES of context and a gap row wherever lines are left out."""
     old, new = before.markdown.splitlines(), after.markdown.splitlines()
     rows = []
     gap = DiffRow(before=DiffCell("empty"), after=DiffCell("empty"), gap=True)

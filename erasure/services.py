@@ -1,28 +1,12 @@
 """Erasing a person: every copy of their text a team's kins hold, found, listed (a dry run) or
-removed in one transaction, with a receipt (erasure.models.Erasure) that stays.
+removed in one transaction, with a receipt (erasure.models.Erasure) that stays. Which text is
+about them is erasure.matching's; what each store loses (events and the summaries covering
+them, memories with their vectors and change log, facts, experience versions, lines redacted
+elsewhere) is described in docs/deployment.md, "Erasing a person".
 
-What is about the person (erasure.matching): a message they sent, and any text that names
-them. What happens to it, store by store:
-- events (messages, tool calls and results, commands) that are about them are deleted; the
-  database triggers remove their search postings and participant counts with them;
-- compaction summaries that cover a deleted event or name the person are deleted (the next
-  compaction folds the remaining messages again), so no summary keeps what was erased;
-- memories that name the person, or were written from a deleted message, are deleted with
-  their vectors and change log; in the change log of the memories that stay, lines naming
-  them are redacted; facts that name them or record a deleted memory are deleted;
-- a kin's current experience that names them gets a new version without those lines, and
-  every version's lines naming them are redacted;
-- in sessions (title, description, working memory), turns' errors, introspection runs (tool
-  calls, summary), compaction and consolidation runs (rendered prompt, answers) and model-call
-  records, the lines naming them are redacted;
-- a pending turn whose message was deleted is failed (it will not run), and the progress
-  stream of every turn that lost its message or reply is dropped.
-
-While a job is running on what would be erased (a turn, an introspection or compaction of a
-session losing events, a consolidation of a kin losing facts or experience), the erasure is
-refused (409): the job read the text before the erasure and would write what it derived
-after it. Jobs that start after the erasure read what is left, so nothing derived later
-brings the text back.
+While a job runs on what would be erased (a turn, an introspection or compaction of an
+affected session, a consolidation of an affected kin), the erasure is refused (409): the job
+read the text before and would write what it derived after. Later jobs read what is left.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Who writes: the actor a service records on its change rows, and the one text format that
-names a writer on any row (a memory's or a fact's source_ref, a change's actor). It lives on
-the ground floor because the tool machinery (kinsite.tools) carries one and every app's
-services take one.
+names a writer on any row (a memory's or a fact's source_ref, a change's actor).
 
 A writer reference is "<kind>:<value>", one of WRITER_KINDS:
     token:<prefix>            an API or MCP client's token ("token:ks_ab12cd")

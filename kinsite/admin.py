@@ -34,10 +34,9 @@ from kinsite.services import api_token_issue, api_token_revoke
 
 def membership_change_refusal(membership: Membership, editor, *, role: str | None = None,
                               team_id: int | None = None) -> str:
-    """Why `editor` may not give `membership` (as stored) the `role` in `team_id` (both
-    defaulting to the stored ones), or "" when they may: staff who are not superusers grant no
-    role above their own in that team, and change or remove no membership above it (the
-    owner's). The accounts are ranked the same way in user_manageable_by."""
+    """Why `editor` may not give `membership` the `role` in `team_id` (both defaulting to the
+    stored ones), or "": staff who are not superusers grant no role above their own in that
+    team, and change or remove no membership above it (as in user_manageable_by)."""
     if editor.is_superuser:
         return ""
     if membership.pk:
@@ -124,21 +123,17 @@ class TeamAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
 admin.site.unregister(get_user_model())
 
 
-# Installation-wide powers a staff user who is not a superuser may neither see nor grant:
-# superuser status and permissions (directly or through groups) reach past every team, and
-# staff status is worth nothing without permissions, so granting it stays with whoever
-# grants those (a superuser) rather than leaving half-made staff users behind.
+# Installation-wide powers that only superusers see or grant: superuser status and permissions
+# reach past every team, and staff status is worthless without permissions, so it stays with
+# whoever grants those.
 SUPERUSER_ONLY_USER_FIELDS = ("is_superuser", "groups", "user_permissions")
 SUPERUSER_ONLY_READONLY_USER_FIELDS = ("is_staff",)
 
 
 @admin.register(get_user_model())
 class TeamScopedUserAdmin(TeamScopedAdminMixin, UserAdmin):
-    """Staff who are not superusers manage their teams' people (names, emails, passwords,
-    active) but never a superuser, never someone who also belongs to a team of theirs they
-    are not in, and never someone holding a permission they lack: taking over such an account
-    (by password or email) would step out of their own scope. Enforced on the object
-    (change, password, delete), not only by hiding fields."""
+    """Staff who are not superusers manage only the accounts user_manageable_by allows: taking
+    over another would step out of their scope. Enforced on the object, not only by hiding fields."""
 
     def get_fieldsets(self, request, obj=None):
         fieldsets = super().get_fieldsets(request, obj)
@@ -295,9 +290,9 @@ class PromptTemplateForm(forms.ModelForm):
 
 
 class PromptPreviewForm(forms.Form):
-    """A preview of the change form's template text, saved or not, with a kin's real data:
-    kind and body as the change form posts them (cleaned and validated as a save would),
-    the kin (of the user's teams) and, for the kinds that read one, a session of it."""
+    """A preview of the change form's template text, saved or not, with a kin's real data: kind
+    and body validated as a save would, a kin of the user's teams and, if the kind reads one,
+    a session of it."""
 
     kind = PromptTemplate._meta.get_field("kind").formfield()
     body = PromptTemplate._meta.get_field("body").formfield()
@@ -391,9 +386,8 @@ class PromptTemplateAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
         return lister(kin) if lister else []
 
     def preview_view(self, request, object_id=None):
-        """The change form posted here (htmx, or the Preview button's formaction without
-        JavaScript): its template text rendered as the job of its kind would send it for the
-        chosen kin. Nothing is saved, nothing written, no model called."""
+        """The change form posted here (htmx, or the Preview button without JavaScript), rendered
+        as its job would send it for the chosen kin. Writes nothing, calls no model."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         obj = None
@@ -442,8 +436,7 @@ class PromptTemplateAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
         # ?kind=consolidation starts the body from that kind's built-in default.
         initial = super().get_changeform_initial_data(request)
         if "team" not in initial:
-            # The user's team, as the dashboard picks it (first membership); none for a
-            # superuser in no team.
+            # The user's team, as the dashboard picks it; none for a superuser in no team.
             team = team_for_user(user=request.user)
             if team is not None:
                 initial["team"] = team.pk

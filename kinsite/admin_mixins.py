@@ -67,11 +67,10 @@ def role_rank(user, team_id) -> int:
 
 
 def user_manageable_by(target, editor) -> bool:
-    """Whether `editor` may change, re-password or delete the account `target` in the admin:
-    a superuser any; anyone else themselves, or a user who is no superuser, belongs to no team
-    the editor is not in, outranks the editor in none (an admin does not take over the owner),
-    and holds no permission the editor lacks (counted even while the target is inactive, since
-    the editor may reactivate them)."""
+    """Whether `editor` may change, re-password or delete the account `target` in the admin: a
+    superuser any; anyone else themselves, or a non-superuser in no team the editor is not in,
+    outranking the editor in none, and holding no permission the editor lacks (even while
+    inactive: the editor may reactivate them)."""
     if editor.is_superuser or target.pk == editor.pk:
         return True
     if target.is_superuser:

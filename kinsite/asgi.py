@@ -1,16 +1,13 @@
-"""ASGI entry point, the production web server's (Procfile `web`: gunicorn with uvicorn
-workers), so an open event stream (a streamed chat turn) waits on the event loop instead of
-holding a thread; ordinary views still run in a thread each (asgiref), as under WSGI."""
+"""ASGI entry point of the production web server (Procfile `web`), so an open event stream
+waits on the event loop instead of holding a thread; ordinary views still run in threads."""
 import gc
 import os
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kinsite.settings")
-# Under ASGI each request's synchronous code runs in a thread of its own, so a connection
-# kept for reuse (CONN_MAX_AGE) would stay open in a thread that is gone: Django's advice for
-# ASGI is no persistent connections. A DB_CONN_MAX_AGE set (not empty) in the environment
-# still wins; empty, as .env.example leaves it, means 0 here.
+# Under ASGI a connection kept for reuse would stay open in a request thread that is gone
+# (Django's advice: no persistent connections). A DB_CONN_MAX_AGE set (not empty) still wins.
 if not os.environ.get("DB_CONN_MAX_AGE"):
     os.environ["DB_CONN_MAX_AGE"] = "0"
 application = get_asgi_application()

@@ -1,10 +1,6 @@
-"""BM25, the relevance score of history and memory search: its parameters and its formula as
-SQL expressions, written once for the PostgreSQL and SQLite queries that compute it.
-
-A term's score in a document is idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length /
-avg_length)). The expressions refer to the query parameters %(k1)s and %(b)s (PARAMS).
-PostgreSQL's are float8 throughout: numeric ln() and division cost more than the rest of
-a search."""
+"""BM25, the relevance score of history and memory search, as SQL expressions written once for
+the PostgreSQL and SQLite queries; they take the query parameters %(k1)s and %(b)s (PARAMS).
+PostgreSQL's are float8 throughout: numeric ln() and division cost more than the rest."""
 
 # The usual defaults (Lucene's; SQLite FTS5's bm25(), which history search uses on SQLite).
 K1 = 1.2
@@ -37,9 +33,8 @@ def term_score_sql(idf: str, tf: str, norm: str, *, vendor: str) -> str:
     return f"{idf} * {tf} * (%(k1)s{cast} + {one}) / ({tf} + {norm})"
 
 
-# The same score factored per term, for queries that score many postings of few terms
-# (PostgreSQL): weight = idf * (k1 + 1), norm = k1 * (1 - b), norm_per_length = k1 * b /
-# avg_length, computed once per term, leave four operations per posting.
+# The same score factored into per-term constants, for queries scoring many postings of few
+# terms (PostgreSQL): four operations per posting.
 
 
 def term_weights_sql(idf: str, avg_length: str) -> tuple[str, str, str]:

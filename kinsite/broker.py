@@ -14,25 +14,12 @@ logger = logging.getLogger(__name__)
 def mend_redis_channel_close() -> None:
     """Let a Redis channel close when its BRPOP connection is already dead.
 
-    Since kombu 5.3.2 (celery/kombu#1733) `Channel.close` first reads the reply of a BRPOP in
-    flight, so that a task popped at that moment is not lost. When Redis has gone away that
-    read raises a connection error and `close` stops there, the channel left open with its
-    unacknowledged tasks. Celery's consumer, reconnecting, closes the connection twice: in
-    `connection.collect()`, which swallows that error and then detaches the transport from
-    the connection (`client = None`), and in `connection.close()`, where the channel gets as
-    far as restoring its unacknowledged tasks, needs a new Redis pool, and kombu builds its
-    parameters from the detached `client`: AttributeError("'NoneType' object has no
-    attribute 'hostname'"). That is not a connection error, so the worker stops with
-    "Unrecoverable error" instead of reconnecting. It happens whenever Redis drops while a
-    worker holds a task (acks_late) and waits for another (a free process: BRPOP in flight).
-
-    Here a connection error from that read is taken for what it is, a BRPOP whose reply will
-    never come, and the channel goes on closing while its connection still knows Redis's
-    address. Restoring its unacknowledged tasks then fails as a connection error, which the
-    consumer ignores: they stay recorded in Redis, if Redis kept its data, until the running
-    task acknowledges them or the visibility timeout delivers them again (tasks are
-    idempotent); if Redis lost its data, the running tasks still finish and store their
-    outcome, and beat's sweeps take over what Redis lost (kinsite.jobs)."""
+    kombu's `Channel.close` first reads the reply of a BRPOP in flight (celery/kombu#1733);
+    with Redis gone that read raises and close stops, and the consumer's second close later
+    fails with an AttributeError that is not a connection error, so the worker exits
+    ("Unrecoverable error") instead of reconnecting. Here that read's connection error ends
+    the BRPOP and closing goes on; the unacknowledged tasks stay in Redis for the visibility
+    timeout, or, if Redis lost them, the job sweeps take over (kinsite.jobs)."""
     channel = kombu_redis.Channel
     if getattr(channel.close, "mends_dead_brpop", False):
         return

@@ -17,11 +17,10 @@ _DELETE_IF_HELD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.ca
 
 @contextlib.contextmanager
 def cache_lock(key: str, *, owner: str = "") -> Iterator[str | None]:
-    """Try to take `key` without waiting. Yields None when taken, else the current
-    holder's value ("<owner>:<token>"), so a caller can tell its own duplicate
-    delivery from another job. The lock expires with the task's hard time limit, so a
-    killed worker cannot hold it for ever, and only its holder releases it (a lock
-    that expired and was taken again belongs to its new owner)."""
+    """Try to take `key` without waiting. Yields None when taken, else the holder's value
+    ("<owner>:<token>"), so a caller can tell its own duplicate delivery from another job.
+    It expires with the task's hard time limit (a killed worker cannot hold it for ever),
+    and only its holder releases it."""
     value = f"{owner}:{uuid.uuid4().hex}"
     acquired = cache.add(key, value, timeout=settings.CELERY_TASK_TIME_LIMIT)
     try:
@@ -32,10 +31,9 @@ def cache_lock(key: str, *, owner: str = "") -> Iterator[str | None]:
 
 
 def _delete_if_held(key: str, value: str) -> bool:
-    """Delete `key` if it still holds `value`, as one step: a read and then a delete would
-    leave a moment in which the lock can expire and be taken by a new owner, whose lock
-    the delete would then remove. Django's cache has no compare-and-delete, so this reaches
-    into the two backends Kinsite configures (kinsite/settings.py)."""
+    """Delete `key` if it still holds `value`, in one step: between a read and a delete the lock
+    could expire and be taken by a new owner. Django's cache has no compare-and-delete, so this
+    reaches into the two backends Kinsite configures."""
     backend = caches["default"]
     if isinstance(backend, RedisCache):
         redis_key = backend.make_and_validate_key(key)

@@ -1,5 +1,5 @@
 """Domain errors raised by services for states the caller could not have known.
-The API's exception handler maps each to an HTTP status and the §11 error shape."""
+The API's exception handler maps each to an HTTP status and the error shape (docs/api.md#errors)."""
 from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
 # Redis not answering (refused, reset, timed out): what the session locks and the API's

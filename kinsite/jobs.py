@@ -1,26 +1,6 @@
-"""Background work that can get stuck, handled one way for every kind of job: chat turns,
-introspection, compaction, consolidation, re-embedding and workflow runs. Each domain declares a JobKind; this
-module claims, sends and sweeps, and the domain keeps only its own decisions.
-
-A job is a row on kinsite.jobmodels.Job: `status` (pending → running → an end state,
-`failed` among them), `created_at`, `started_at`, `finished_at` and `error` (and `attempts`,
-if the kind counts starts), and a Celery task that takes the row's id:
-- `job_send` sends the task and marks the job queued in the cache (the same Redis as the
-  queue), for as long as the broker may hold the task unacknowledged;
-- `job_claim` is the task's claim, a conditional UPDATE pending → running: of two
-  deliveries of one task only one matches, so a redelivered task does nothing;
-- `jobs_requeue` (beat, every minute) sends again the pending jobs without a queued
-  marker: sent while the broker was down, or lost with Redis's data in a restart;
-- `job_release` gives a job its task could not finish, for a reason outside the job (Redis,
-  the broker, the domain's lock), back to pending, for jobs_requeue to send again once the
-  service is back; the domain counts those and decides when to give up;
-- `jobs_recover_stalled` (beat, every minute) takes over the jobs left running by a
-  process that stopped, once nobody holds their domain's lock: the domain decides
-  whether each runs again (back to pending, sent again) or is failed.
-A job's Celery task gives up one way too (job_task): busy, it is retried, then the domain
-skips the job; a failure the service recorded is not raised into an eager caller's request.
-Domains register their kinds in their AppConfig.ready() (job_kinds_register), so the
-sweeps (kinsite.tasks) reach every kind without this module importing any domain."""
+"""One mechanism for all background work that can get stuck (turns, introspection, compaction,
+consolidation, re-embedding, workflow runs): send, claim and sweep. Each domain registers a
+JobKind holding only its own decisions; see docs/architecture.md#background-jobs."""
 from __future__ import annotations
 
 import functools
@@ -46,21 +26,17 @@ from kinsite.errors import Conflict, ServiceUnavailable
 logger = logging.getLogger(__name__)
 
 PENDING, RUNNING, FAILED = "pending", "running", "failed"
-# Set when a job's task is sent; a pending job without it has no task in the queue. A
-# turn's is "kinsite:turn-queued:<id>", the key the turns used on their own, so markers set
-# before a deploy still count.
+# Set when a job's task is sent; a pending job without it has no task in the queue. The
+# format keeps turns' older "kinsite:turn-queued:<id>", so markers set before a deploy count.
 QUEUED_KEY = "kinsite:{kind}-queued:{job_id}"
-# What the sweeps give up on when Redis (the broker, the cache, a domain's lock) does not
-# answer; beat runs them again a minute later. A domain's lock that cannot reach Redis
-# raises a ServiceUnavailable (sessions_app.locks.LockUnavailable).
+# Redis not answering (as broker, cache, or a domain's lock, which raises ServiceUnavailable):
+# the sweeps stop and beat runs them again a minute later.
 REDIS_OUTAGES = (BrokerUnreachable, RedisError, ServiceUnavailable)
 
 
 def past_task_time_limit() -> timedelta:
-    """JobKind.stalled_after's default: Celery's hard time limit, which ends any task still
-    going (and with it, the lease of the domain's lock), plus a minute for clocks that
-    differ between machines; 7 minutes by default. A job running for longer has no task
-    left working on it. Read at sweep time, since it derives from settings."""
+    """JobKind.stalled_after's default: Celery's hard time limit (which also ends the domain
+    lock's lease) plus a minute of clock skew; past it no task is working on the job."""
     return timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT) + timedelta(minutes=1)
 
 
@@ -72,28 +48,25 @@ class JobKind:
     label: str  # in logs: "turns", "introspection runs", ...
     model: str  # "app_label.Model"
     task: str  # dotted path of the Celery task, which takes the job's id
-    # Whether nobody is working on a stalled job: a context manager yielding True to go
-    # ahead, held while the job's fate is written (a lock taken without waiting, or a peek).
+    # A context manager yielding True when nobody works on a stalled job (a lock taken
+    # without waiting, or a peek), held while the job's fate is written.
     free: Callable[[Model], AbstractContextManager[bool]]
-    # The domain's decision on a stalled job nobody is working on: None runs it again,
-    # a text fails it with that error.
+    # For a stalled, free job: None runs it again, a text fails it with that error.
     give_up: Callable[[Model], str | None]
-    # Called once a stalled job was failed, for the domain to tidy the rows it owns.
+    # Called after a stalled job is failed, to tidy the domain's rows.
     failed: Callable[[Model], None] | None = None
-    # How long a job may be running before the stalled sweep looks at it (read at sweep time,
-    # since it derives from settings).
+    # Running longer than this, a job is stalled (a callable: it derives from settings).
     stalled_after: Callable[[], timedelta] = past_task_time_limit
     # Fields `free` and `give_up` read, besides pk and started_at.
     reads: tuple[str, ...] = ()
     counts_attempts: bool = False  # the model has `attempts`, one more at each claim
-    # A datetime field job_release sets: a queued marker set before it is an earlier send's
-    # (kept by a Redis that kept its data through the outage) and does not hold the job back.
+    # A datetime field job_release sets: a queued marker older than it is an earlier send's
+    # (Redis kept it through the outage) and does not hold the job back.
     released_at_field: str = ""
     # A pending job younger than this may still have its task on the way (sent on commit).
     requeue_after: timedelta = timedelta(minutes=1)
     requeue_batch: int = 500
-    # Stalled jobs looked at per sweep (each may cost a lock attempt in Redis).
-    stalled_batch: int = 100
+    stalled_batch: int = 100  # each may cost a lock attempt in Redis
 
     @property
     def objects(self):
@@ -126,8 +99,8 @@ def job_queued_key(kind: JobKind, job_id: int) -> str:
 
 
 class JobBusy(Conflict):
-    """Another run holds the job's domain (its lock); the job is left pending. Its task tries
-    again later, then gives up (job_task)."""
+    """Another run holds the job's domain lock; the job stays pending and its task retries,
+    then gives up (job_task)."""
 
     code = "job_busy"
 
@@ -136,8 +109,8 @@ class JobBusy(Conflict):
 
 
 def job_send(kind: JobKind, job_id: int) -> None:
-    """Send the job's task, then mark it queued. The broker not answering raises kombu's
-    OperationalError (the job stays pending: the caller says so, jobs_requeue sends it)."""
+    """Send the job's task, then mark it queued. An unreachable broker raises kombu's
+    OperationalError; the job stays pending, for jobs_requeue."""
     # Taken before the send, for jobs_requeue to compare with the job's last release: a fast
     # worker (or eager Celery) may run the task, and release the job, before the marker is set.
     sent_at = time.time()
@@ -157,18 +130,17 @@ def job_send_on_commit(kind: JobKind, job_id: int) -> None:
 
 
 def job_send_if_stale(kind: JobKind, job: Model, *, after: timedelta) -> None:
-    """For a request that reuses a pending job: send its task again (on commit) if the job
-    is older than `after`. Its task may be lost, and the embedded mode (eager Celery) has no
-    beat to run the requeue sweep; if it is not, the second delivery does nothing (job_claim)."""
+    """For a request reusing a pending job: send its task again (on commit) if older than
+    `after`, since the task may be lost and eager Celery has no beat to requeue it. A
+    duplicate delivery does nothing (job_claim)."""
     if job.created_at < timezone.now() - after:
         job_send_on_commit(kind, job.pk)
 
 
 def job_claim(kind: JobKind, job_id: int, *, rerun: bool = False, now: datetime | None = None, **fields) -> bool:
-    """Mark the job running, if it is pending (also if it is running, with `rerun`: the
-    caller holds the domain's lock, so no live process has it). A conditional UPDATE:
-    of two deliveries of the task one claims it, the other gets False and does nothing.
-    `fields` are written with the claim; started_at is `now`."""
+    """Mark the job running if it is pending (or running, with `rerun`: the caller holds the
+    domain's lock, so no live process has it). A conditional UPDATE, so of two deliveries of
+    the task only one claims it; the other gets False."""
     statuses = (PENDING, RUNNING) if rerun else (PENDING,)
     if kind.counts_attempts:
         fields["attempts"] = F("attempts") + 1
@@ -180,11 +152,10 @@ def job_claim(kind: JobKind, job_id: int, *, rerun: bool = False, now: datetime 
 def job_release(kind: JobKind, job_id: int, *, statuses: tuple[str, ...] = (RUNNING,), match: dict | None = None,
                 now: datetime | None = None, **fields) -> bool:
     """Put the job back to pending, with `fields`, when its task could not finish it for a
-    reason outside the job (Redis, the broker, the domain's lock, waited out): jobs_requeue
-    sends it again (beat, every minute), once the broker answers. A conditional UPDATE from
-    `statuses` and `match` (say the claim's started_at): a job someone else took meanwhile is
-    left alone, and False says so. Its queued marker is dropped, so the sweep does not wait for
-    it; with the cache down too, the kind's released_at_field tells the sweep the marker is old."""
+    reason outside the job (Redis, the broker, the domain's lock); jobs_requeue sends it again.
+    Conditional on `statuses` and `match` (say the claim's started_at): a job someone else took
+    meanwhile is left alone, and False says so. Drops the queued marker; with the cache down
+    too, released_at_field tells the sweep the marker is old."""
     now = now or timezone.now()
     if kind.released_at_field:
         fields[kind.released_at_field] = now
@@ -200,8 +171,8 @@ def job_release(kind: JobKind, job_id: int, *, statuses: tuple[str, ...] = (RUNN
 
 
 def _marker_current(marker, released_at: datetime | None) -> bool:
-    """Whether a queued marker stands for a task sent since the job's last release. A marker
-    without a time (written before markers carried one) counts only for a job never released."""
+    """Whether a queued marker stands for a task sent since the job's last release (an untimed
+    marker, from before markers carried one, counts only for a job never released)."""
     if released_at is None:
         return True
     return isinstance(marker, float) and marker >= released_at.timestamp()
@@ -211,11 +182,8 @@ def _marker_current(marker, released_at: datetime | None) -> bool:
 
 
 def jobs_requeue(kind: JobKind, *, now: datetime | None = None) -> list[int]:
-    """Send again the pending jobs of `kind` that have no task in the queue (no queued
-    marker) and are older than requeue_after; their ids. A job sent twice still runs once
-    (job_claim), so a marker lost on its own costs a duplicate task, nothing more. It reads
-    the pending jobs only (a partial index on status pending), the oldest requeue_batch
-    first. With Redis down it stops, logs, and leaves the rest to the next minute."""
+    """Send again the pending jobs of `kind` older than requeue_after with no queued marker;
+    their ids. A marker lost on its own costs only a duplicate task (job_claim)."""
     cutoff = (now or timezone.now()) - kind.requeue_after
     released_at = (kind.released_at_field,) if kind.released_at_field else ()
     rows = (kind.objects.filter(status=PENDING, created_at__lte=cutoff)
@@ -240,14 +208,10 @@ def jobs_requeue(kind: JobKind, *, now: datetime | None = None) -> list[int]:
 
 
 def jobs_recover_stalled(kind: JobKind, *, now: datetime | None = None) -> Recovered:
-    """Take over the jobs of `kind` left running by a process that stopped: running for
-    longer than kind.stalled_after() and free (kind.free: nobody holds the domain's lock).
-    Holding that, the domain decides (kind.give_up): the job goes back to pending and is
-    sent again, or is failed with the domain's error. Each write is conditional on the job
-    still being the stalled running one, so a job that ended or was claimed again since it
-    was read is left alone. It reads the running jobs only (a partial index on status
-    running), the stalled_batch longest running first. With Redis down it stops, logs, and
-    leaves the rest to the next minute."""
+    """Take over the jobs of `kind` left running by a process that stopped (running longer than
+    stalled_after(), and kind.free): kind.give_up decides whether each is sent again or failed.
+    Each write is conditional on the job still being stalled, so one that ended or was claimed
+    since it was read is left alone."""
     now = now or timezone.now()
     cutoff = now - kind.stalled_after()
     candidates = list(
@@ -295,15 +259,13 @@ def job_task_last_try(task) -> bool:
 
 def job_task(*, label: str, skip: Callable[[int], object] | None = None, busy_retry_seconds: int = 30,
              recorded: tuple[type[Exception], ...] = ()):
-    """The give-up paths of a job's task, the same for every kind: decorates the body of a
+    """The give-up paths of every job task; decorates the body of a
     `shared_task(bind=True, max_retries=...)` that takes the job's id first.
-    - JobBusy (with `skip`): tried again after busy_retry_seconds while retries are left, then
-      `skip(job_id)`, the domain's one service call closing the job unrun; its return is the task's.
-    - `recorded`, failures the service has recorded on the job's row: logged and raised, for
-      the task's autoretry_for to retry or for Celery's log.
-    Eager Celery runs a task inside the request that sent it (a turn, a /checkpoint), where
-    a retry cannot wait: a busy job is skipped at once, and a recorded failure is not raised
-    (it is on the row; the request itself succeeded)."""
+    - JobBusy (with `skip`): retried after busy_retry_seconds, then `skip(job_id)`, the
+      domain's call closing the job unrun (its return is the task's).
+    - `recorded` (failures the service recorded on the row): logged and raised.
+    Eager Celery runs the task inside the request that sent it, where a retry cannot wait: a
+    busy job is skipped at once, and a recorded failure is not raised (the request succeeded)."""
     def decorate(body):
         @functools.wraps(body)
         def run(task, job_id: int, *args, **kwargs):

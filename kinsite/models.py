@@ -156,10 +156,8 @@ class LLMCall(models.Model):
 
 
 class PromptTemplate(models.Model):
-    """An admin-editable prompt for a background job. Resolution: an explicit
-    template → the kin's → the team's → the built-in default in code
-    (kinsite.prompt_templates). Placeholders are named ({max_words}); unknown ones
-    and any attribute or index access are refused when the template is saved."""
+    """An admin-editable prompt for a background job, resolved explicit → kin's → team's →
+    built-in default (kinsite.prompt_templates)."""
 
     class Kind(models.TextChoices):
         INTROSPECTION = "introspection"

@@ -1,16 +1,13 @@
-"""Outbound HTTP made on a team's behalf, guarded against SSRF: only http(s), the
-host resolved once and every address checked (loopback, private, link-local, multicast,
-reserved and metadata addresses are refused unless the operator's Policy allows them), the
-connection made to exactly the checked address, redirects followed by hand and checked the
-same way, and one deadline and one size cap for the whole fetch.
+"""Outbound HTTP made on a team's behalf, guarded against SSRF: only http(s), the host
+resolved once and every address checked against the Policy, the connection pinned to a
+checked address, redirects checked the same way, one deadline and one size cap per fetch
+(docs/concepts/workflows.md#outbound-requests).
 
-Kept free of Django: a caller builds a Policy from its own settings and turns FetchError into
-its own message. FetchError's text is the real reason, for the server log; callers show users
-one neutral sentence, so the answer cannot be used to map a network or scan ports.
+Free of Django. FetchError's text is the real reason, for the server log only: callers show
+users one neutral sentence, so answers cannot map a network or scan ports.
 
-Built on httpcore (httpx's transport) rather than httpx.Client because the one thing needed
-here, choosing the address a connection goes to, is httpcore's network backend; httpx does
-not expose it. A side benefit: no proxy from the environment can route around the check."""
+Built on httpcore because only its network backend lets us choose the address a connection
+goes to; httpx does not expose it. Nor can a proxy from the environment route around the check."""
 from __future__ import annotations
 
 import ipaddress
@@ -30,10 +27,8 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 SCHEMES = ("http", "https")
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 
-# Cloud instance metadata and platform endpoints hand out credentials. They stay refused even
-# when an operator allows private addresses in general; naming them in the allow-list is the
-# only way through. The names are refused before any lookup, so a resolver that maps them
-# somewhere unexpected (split-horizon DNS, /etc/hosts) cannot matter.
+# Cloud metadata endpoints hand out credentials: refused even with allow_private, unless named
+# in the allow-list. The names are refused before any lookup, so no resolver can remap them.
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata.goog"})
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
     "169.254.169.254",  # AWS, GCP, Azure, OCI, DigitalOcean, OpenStack
@@ -81,9 +76,8 @@ _HOST_NAME = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)(\.(?!-)[a-z0-9_-]{1,63}(?<
 
 
 def allow_list_problem(entry: str) -> str | None:
-    """What makes `entry` unusable in an allow-list (a host name, an IP address or a CIDR
-    network), as the end of a sentence about it; None: it is usable. Settings check every
-    entry with this when they load, so a typo stops the start rather than the first fetch."""
+    """What makes `entry` unusable in an allow-list (a host name, IP or CIDR), as the end of a
+    sentence about it, or None. Settings check each entry at load, so a typo stops the start."""
     entry = entry.strip()
     try:
         ipaddress.ip_network(entry, strict=False)
@@ -103,7 +97,7 @@ def allow_list_problem(entry: str) -> str | None:
 
 def url_problem(url: str) -> str | None:
     """What makes `url` unfetchable, judged from its text alone, as the end of a sentence
-    about it ("must be an http:// or https:// address"); None: it may be fetched."""
+    about it, or None."""
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError):
@@ -135,9 +129,8 @@ def address_refusal(address: IPAddress, policy: Policy) -> str | None:
 
 def fetch(url: str, *, policy: Policy, timeout: float, max_bytes: int, max_redirects: int = 3,
           headers: dict[str, str] | None = None) -> bytes:
-    """GET `url` and answer its body (a 2xx answer only), following up to `max_redirects`
-    redirects. `timeout` bounds everything (lookups, connects, TLS, every hop, the body), not
-    each read. Raises FetchError for every refusal and every failure."""
+    """GET `url` and answer its 2xx body, following up to `max_redirects` redirects. `timeout`
+    bounds the whole fetch, not each read. FetchError for every refusal and failure."""
     deadline = time.monotonic() + timeout
     ssl_context = httpx.create_ssl_context()  # certifi, or SSL_CERT_FILE / SSL_CERT_DIR
     current = url
@@ -169,8 +162,7 @@ def resolve(host: str, policy: Policy, deadline: float) -> list[str]:
     if not addresses:
         raise FetchError(f"{host} has no address")
     if not name_allowed:
-        # Every answer is checked, not only the first: one private answer among public ones
-        # would otherwise be a coin toss away from being connected to.
+        # Every answer, not only the first: the connection may go to any of them.
         for address in addresses:
             refusal = address_refusal(ipaddress.ip_address(address), policy)
             if refusal:
@@ -183,7 +175,7 @@ def resolve(host: str, policy: Policy, deadline: float) -> list[str]:
 
 def _non_public_kind(address: IPAddress) -> str | None:
     # The specific words first, for the log; `is_global` last catches the rest of the IANA
-    # special-purpose registries (shared 100.64/10, benchmarking 198.18/15, documentation, ...).
+    # special-purpose registries (shared 100.64/10, benchmarking, documentation, ...).
     for kind, flag in (
         ("unspecified", address.is_unspecified), ("loopback", address.is_loopback),
         ("link-local", address.is_link_local), ("multicast", address.is_multicast),
@@ -234,8 +226,7 @@ def _remaining(deadline: float) -> float:
 
 
 def _getaddrinfo(host: str, deadline: float) -> list[tuple]:
-    # getaddrinfo takes no timeout and a slow resolver can block for many seconds, so it runs in
-    # a daemon thread that is abandoned at the deadline (it ends by itself when the resolver does).
+    # getaddrinfo takes no timeout, so it runs in a daemon thread abandoned at the deadline.
     outcome: dict = {}
 
     def lookup() -> None:
@@ -299,10 +290,9 @@ def _get(url: httpx.URL, addresses: list[str], deadline: float, max_bytes: int, 
 
 
 class _PinnedBackend(httpcore.NetworkBackend):
-    """Connects to the addresses resolve() checked, whatever host httpcore asks for: the name is
-    looked up once, so a DNS answer that changes between the check and the connect (rebinding)
-    cannot steer the connection. The Host header, TLS SNI and certificate check still use the
-    name from the URL. Every socket operation gets only the time left before the deadline."""
+    """Connects to the addresses resolve() checked, whatever host httpcore asks for, so DNS
+    rebinding between check and connect cannot steer the connection. Host, SNI and the
+    certificate check still use the URL's name."""
 
     def __init__(self, addresses: list[str], deadline: float):
         self._addresses = addresses

@@ -1,54 +1,23 @@
-"""How stored, untrusted text is placed in a prompt: names, messages, memories,
-facts, documents, notes, node labels. Pure functions; every prompt builder uses them.
-
-The rule, in three renderings:
-
-- `one_line(text)` for a field that belongs on one line (a sender or participant name, a
-  memory subject, a node label, a session description, a fact): every run of whitespace
-  and control characters (line breaks of every kind included) becomes one space, and the
-  text is capped. It can never begin a line of its own.
-- `quoted(text)` for material of several lines (the experience document, a summary, the
-  working memory, a memory's lines after its first, a transcript message's lines after
-  its first, via `continued`): every line starts with the quote marker "> ", so no line
-  of it begins at column 0 with a heading marker (`#`), a role label (`SYSTEM:`) or a
-  tag. The prompts say that quoted text is data.
-- `guarded(text)` for text that code composes around one-line fields (the canvas): its
-  lines are kept, but any line that begins with a heading marker or a role label is
-  quoted. With `keep_headings`, for a document the model is asked to rewrite in its own
-  format (the experience document in the consolidation prompt, whose canonical headings
-  the answer must repeat at column 0), headings stay and role-label lines are quoted; the
-  tag block around it cannot be closed (below).
-
-All three neutralise tag-like text: a "<" that opens a tag (`<events>`, `</memories>`,
-`<|im_start|>`) becomes "&lt;", so stored text can never close or open the tag blocks
-the background prompts put it in, whatever tag names an admin's template uses.
-
-Look-alikes count as what they look like. A "<" is any character that Unicode's
-compatibility folding (NFKC) makes "<" (the full-width "＜" and the small "﹤"), and what
-follows it is judged past invisible characters (zero-width spaces and joiners, the BOM,
-soft hyphens, bidi controls, combining marks, control characters) and after that folding,
-so `<U+200B/memories>` and `＜／memories＞` are escaped like `</memories>`; a line is
-checked for a heading marker or a role label in the same folded form (`＃`, `ＳＹＳＴＥＭ：`).
-The folded form is only looked at, never written: the text itself is kept as it was
-(escapes and quote markers added), since folding and stripping would change benign text
-(x² to x2, ① to 1, and the joiners that emoji, Persian and Indic spelling need)."""
+"""How stored, untrusted text is placed in a prompt so it can never pose as its structure:
+`one_line` for fields, `quoted` for material of several lines, `guarded` for text code
+composes around fields. All escape a tag-opening "<" and judge look-alikes as what they look
+like (NFKC, past invisible characters), but write the text itself unfolded, since folding
+would change benign text (x², ①, the joiners emoji and Indic spelling need). Pure functions;
+the rule is in docs/concepts/sessions.md#stored-text-is-data-never-structure."""
 import re
 import unicodedata
 
-# Every character NFKC folds to "<" (tests/kinsite/test_prompt_safety.py checks there are
-# no others). One opens a tag when the next visible character is, folded, a letter (of any
-# script) or one of "/!?|", or a slash NFKC leaves alone (fraction, division, big solidus).
-# Any other "<" stays ("a < 3", "x <= y", "<--", "<@123>").
+# Every character NFKC folds to "<" (a test checks there are no others). One opens a tag when
+# the next visible character folds to a letter or one of "/!?|", or is a slash NFKC leaves
+# alone; any other "<" stays ("a < 3", "x <= y", "<--", "<@123>").
 LESS_THAN_SIGNS = "<\ufe64\uff1c"
 _LESS_THAN = re.compile(f"[{LESS_THAN_SIGNS}]")
 _TAG_MARKS = "/!?|"
 _SLASH_LIKE = "\u2044\u2215\u29f8"
-# Categories a reader does not see as a character of their own: controls, format
-# characters (zero-width, joiners, BOM, soft hyphen, bidi), unassigned and private use,
-# surrogates, combining marks.
+# Categories a reader does not see as a character of their own: controls, format (zero-width,
+# joiners, BOM, soft hyphen, bidi), unassigned, private use, surrogates, combining marks.
 _INVISIBLE = frozenset({"Cc", "Cf", "Cn", "Co", "Cs", "Mn", "Me"})
-# Whitespace (str.split's notion: every Unicode space and line break, U+2028 and U+2029
-# included) and the C0/C1 control characters that are not whitespace.
+# Whitespace (every Unicode space and line break, U+2028 and U+2029 included) and C0/C1 controls.
 _SPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
 # Control characters other than the tab, once the text is cut into lines.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -84,9 +53,8 @@ def escape_tags(text: str) -> str:
 
 
 def folded(text: str) -> str:
-    """`text` as a reader sees it: invisible characters dropped (whitespace and line breaks
-    kept), compatibility forms folded (NFKC). For checks only; what goes in a prompt is the
-    text itself."""
+    """`text` as a reader sees it: invisible characters (not whitespace) dropped, NFKC-folded.
+    For checks only; what goes in a prompt is the text itself."""
     if text.isascii():
         return text
     visible = "".join(ch for ch in text if ch.isspace() or unicodedata.category(ch) not in _INVISIBLE)
@@ -120,10 +88,9 @@ def quoted(text: str, *, indent: str = "") -> str:
 
 
 def guarded(text: str, *, keep_headings: bool = False) -> str:
-    """Text whose lines are kept as they are, tags escaped, except that a line beginning
-    with a role label, or with a heading marker unless `keep_headings`, is quoted. For
-    text composed by code around one-line fields (the canvas), and for a document the
-    model rewrites in its own format (`keep_headings`: its headings are that format)."""
+    """`text` with tags escaped and any line beginning with a role label, or with a heading
+    marker unless `keep_headings`, quoted. For text code composes around one-line fields (the
+    canvas), and a document the model rewrites keeping its headings (`keep_headings`)."""
     def is_marked(line: str) -> bool:
         line = folded(line)
         return bool(_ROLE_LABEL.match(line) or (not keep_headings and _HEADING.match(line)))
@@ -142,9 +109,8 @@ def continued(first: str, rest: str, *, indent: str = "  ") -> str:
 
 
 def unsafe_characters(text: str) -> list[str]:
-    """The characters that keep `text` from being one line (control characters, tabs and
-    line breaks included, and the Unicode line and paragraph separators), each once, as
-    escapes ("\\n"), for an error message. [] when there are none."""
+    """The characters that keep `text` from being one line (controls, tabs, line breaks, the
+    Unicode line and paragraph separators), each once, as escapes ("\\n"), for an error message."""
     found = dict.fromkeys(ch for ch in text if unicodedata.category(ch) in ("Cc", "Zl", "Zp"))
     return [ch.encode("unicode_escape").decode("ascii") for ch in found]
 

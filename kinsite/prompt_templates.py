@@ -1,15 +1,9 @@
 """Prompt templates of the background jobs: validation, safe rendering and resolution
-(explicit → kin → team → built-in default). Each kind's built-in default and allowed
-placeholders are in kinsite.prompt_template_kinds.
+(explicit → kin → team → built-in default); the syntax is in docs/concepts/prompt-templates.md.
 
-Templates are admin-edited text, so they are never handed to str.format: that would let
-`{max_words.__class__}` or `{x[0]}` reach attributes and items of the values. Instead
-the body is parsed into literal text and plain named placeholders, and rendering pastes
-each value's text in, nothing more. Compaction and introspection templates follow
-Python's format-string brace rules (string.Formatter().parse: every brace is a
-placeholder unless doubled). Consolidation templates are often written elsewhere as
-instructions with a JSON example, so there a brace that does not form a placeholder is
-literal text (_parse_literal_braces)."""
+Templates are admin-edited text, so they never reach str.format, which would let
+`{max_words.__class__}` or `{x[0]}` reach into the values: the body is parsed into literal
+text and plain named placeholders, and rendering pastes each value's text in."""
 import difflib
 import re
 import string
@@ -29,8 +23,8 @@ Kind = PromptTemplate.Kind
 
 
 class TemplateError(InvalidInput):
-    """A template that does not validate, or values that do not fill it.
-    `errors` (also in details["errors"]) lists each problem with where it is."""
+    """A template that does not validate, or values that do not fill it; `errors` (also in
+    details["errors"]) lists each problem with where it is."""
 
     code = "invalid_template"
 
@@ -142,18 +136,11 @@ _OPEN_NAME = re.compile(r"\{\s*(\w+)")
 
 def _parse_literal_braces(kind: str, body: str) -> tuple[list[tuple[str, str | None]], list[str]]:
     """The template as (literal text, placeholder name or None) pieces, and its errors,
-    where braces that do not form a placeholder are literal text.
-
-    - `{name}` is a placeholder; a name that is not one of the kind's is an error (a typo
-      would otherwise reach the model silently), and so is anything that looks like a
-      placeholder but is not a plain name (_FIELD_LIKE: attribute, index, conversion,
-      spec, positional, spaces inside), a `{% tag %}`, and a `{` opening a known name
-      that is not closed right after it.
-    - Any other brace is literal: a JSON example is written as it is, nested objects
-      included, and `{}` is an empty object. Placeholders inside it are still filled.
-    - Outside such literal braces, `{{` and `}}` still stand for one brace, so templates
-      written by the format-string rules render as before. Inside them every brace is
-      itself, so the `}}` closing a nested JSON object stays two braces."""
+    where braces that do not form a placeholder are literal (a JSON example in a
+    consolidation template). Anything placeholder-like that is not a known plain name is an
+    error, since a typo would otherwise reach the model silently. Outside literal braces `{{`
+    and `}}` still mean one brace; inside, every brace is itself, so the `}}` closing a
+    nested JSON object stays two."""
     allowed = _kind(kind).placeholders
     pieces: list[tuple[str, str | None]] = []
     errors: list[str] = []
@@ -236,11 +223,9 @@ def template_fields(kind: str, body: str) -> set[str]:
 
 
 def template_render(kind: str, body: str, values: dict[str, str | int]) -> str:
-    """`body` with each placeholder replaced by the text of its value.
-
-    Raises TemplateError when the body does not validate or a placeholder it uses has no
-    value. Values must be str or int: they are pasted in as text, never formatted,
-    indexed or looked into, and braces inside them are left as they are."""
+    """`body` with each placeholder replaced by the text of its value (str or int, pasted in,
+    never formatted or looked into). TemplateError when the body does not validate or a
+    placeholder has no value."""
     pieces, errors = _parse(kind, body)
     if errors:
         raise TemplateError(f"The {kind} template is invalid: {errors[0]}", errors=errors)
@@ -282,9 +267,9 @@ class ResolvedTemplate:
 
 
 def template_resolve(*, kind: str, kin: Kin, explicit_body: str | None = None) -> ResolvedTemplate:
-    """The template a job for `kin` uses: `explicit_body` (an API or command argument) →
-    the kin's active template → its team's active template (no kin) → the built-in
-    default. One query. The body is not validated here; template_render does that."""
+    """The template a job for `kin` uses: `explicit_body` (an API or command argument) → the
+    kin's active template → its team's → the built-in default, in one query. Not validated
+    here; template_render does that."""
     _kind(kind)
     if explicit_body is not None:
         return ResolvedTemplate(body=explicit_body, source="explicit")
@@ -300,8 +285,7 @@ def template_resolve(*, kind: str, kin: Kin, explicit_body: str | None = None) -
 
 
 # --- writes --------------------------------------------------------------------------------
-# Kept beside the rest of the template code rather than in kinsite/services.py: it is the
-# only write, and it exists for the admin's activate/deactivate actions.
+# Here rather than in kinsite/services.py: the only write, for the admin's actions.
 
 
 @transaction.atomic
@@ -317,10 +301,8 @@ def prompt_template_set_active(*, template: PromptTemplate, active: bool) -> Non
 
 
 # --- previews with a kin's real data ---------------------------------------------------------
-# The admin previews a template, saved or not, as the job of its kind would send it for a
-# chosen kin. Each kind's job lives in an app above kinsite (compaction and introspection in
-# sessions_app, consolidation in consolidation), so each app registers its previewer here in
-# its AppConfig.ready(), as it registers its job kinds with kinsite.jobs.
+# The admin previews a template, saved or not, as its job would send it for a chosen kin.
+# The jobs live in apps above kinsite, so each registers its previewer in AppConfig.ready().
 
 
 @dataclass(frozen=True)
@@ -354,12 +336,10 @@ def template_preview_of(messages: list[dict], notes: list[str]) -> TemplatePrevi
 
 @dataclass(frozen=True)
 class TemplatePreviewer:
-    # render(body=..., kin=..., session_id=...) -> TemplatePreview, reading only: nothing
-    # written, no model called. Raises TemplateError for a body that does not validate and
-    # InvalidInput for a session that is not the kin's (or a kin without one, when needed).
+    # render(body=..., kin=..., session_id=...) -> TemplatePreview; writes nothing, calls no
+    # model. TemplateError for an invalid body, InvalidInput for a session not the kin's.
     render: Callable[..., TemplatePreview]
-    # The kin's sessions to choose from, (id, label), most recently active first; None for
-    # a kind whose job reads no session.
+    # The kin's sessions, (id, label), most recently active first; None if the job reads none.
     sessions: Callable[[Kin], list[tuple[int, str]]] | None = None
 
 

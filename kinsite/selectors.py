@@ -45,10 +45,9 @@ MAX_ROW_ID = 2**63 - 1
 
 
 def kin_ref(*, team: Team, kin_id: int) -> Kin:
-    """The kin of the team (404 otherwise) with only its id and team read: for requests that
-    need to know which kin, not what it says (the searches). Its other fields are deferred:
-    one read, if any, loads them then (one query more), so nothing reads a wrong value. The
-    check is written as SQL: through the ORM, compiling it cost more CPU than running it."""
+    """The kin of the team (404 otherwise) with only its id and team read, for requests that
+    need to know which kin, not what it says (the searches); other fields load on first read.
+    Written as SQL: through the ORM, compiling the check cost more CPU than running it."""
     if not 0 < kin_id <= MAX_ROW_ID:
         raise Http404
     with connection.cursor() as cursor:

@@ -1,16 +1,11 @@
 """Verified API tokens remembered in process memory for a short while, so an API request
-skips the token's database lookup (a three-table read that cost more than the rest of the
-authentication; bench/README.md, "Request cost").
+skips the token's three-table database lookup.
 
-Entries are keyed by the token's digest, never the raw token, and live TTL_SECONDS at most.
-Any save or delete of a token, team or user (kinsite.apps connects the signals)
-forgets every entry of this process at once and, after the commit, bumps a generation
-number in Django's cache (Redis with REDIS_URL, shared by every process); an entry is used
-only while the generation it was verified under is still the current one. So a revoked or
-deleted token is refused by the next request in any process that shares the cache. If the
-cache does not answer, the token is looked up in the database as before. What bypasses the
-signals (a queryset .update() or raw SQL on those tables, an edit straight in the database)
-is seen within TTL_SECONDS."""
+Entries are keyed by digest, never the raw token, and live TTL_SECONDS at most. A save or
+delete of a token, team or user (signals, kinsite.apps) clears this process's entries and,
+after commit, bumps a generation in the shared cache; an entry is used only under the current
+generation, so a revoked token is refused by the next request in any process. Changes that
+bypass the signals (.update(), raw SQL) are seen within TTL_SECONDS."""
 from __future__ import annotations
 
 import copy
@@ -73,9 +68,8 @@ def current_generation() -> int | None:
 
 
 def tokens_forget_all(**_signal_kwargs) -> None:
-    """A token, team or user changed: forget this process's entries now (the
-    next request of this process reads the database) and, once the change is committed,
-    every process's (the shared generation moves on)."""
+    """A token, team or user changed: forget this process's entries now and, once the change
+    is committed, every process's (the shared generation moves on)."""
     with _lock:
         _entries.clear()
     transaction.on_commit(_bump_generation)

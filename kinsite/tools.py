@@ -1,11 +1,7 @@
-"""Tools a model can call, whatever they act on: a Tool is an OpenAI function schema plus
-a handler, and every handler gets the caller's ToolContext and the raw arguments string.
-
-A handler returns a short text for the model: JSON on success, "Error: ..." when the
-arguments are unusable (never an exception, so the tool loop can hand the error back to
-the model). The schema is the single source of truth for validation (check_arguments
-reads it). The tools themselves live with what they act on: memories.tools,
-sessions_app.turns.tools, sessions_app.introspection.tools."""
+"""Tools a model can call: a Tool is an OpenAI function schema plus a handler taking the
+caller's ToolContext and the raw arguments string. A handler answers text for the model, JSON
+or "Error: ..." (never an exception, so the tool loop can hand the error back). The schema is
+the one source of validation; the tools live with what they act on (memories.tools, ...)."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,6 @@
-"""The project URLconf, the one place that assembles every app's URLs: the API under /api/v1/
-(each app's api/urls.py), the MCP server at /mcp/, /healthz, the admin, login/logout and the
-dashboard (each app's urls.py, all under the one "dashboard" namespace). A new page or
-endpoint goes in its app's urls.py; only a new app adds a line here."""
+"""The project URLconf, assembling every app's URLs: the API under /api/v1/, /mcp/, /healthz,
+the admin, login/logout and the dashboard (one "dashboard" namespace). A new page or endpoint
+goes in its app's urls.py; only a new app adds a line here."""
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.templatetags.static import static
@@ -44,11 +43,10 @@ urlpatterns = [
     # Browsers and crawlers ask for /favicon.ico whatever the pages link; they follow a redirect to the SVG.
     path("favicon.ico", RedirectView.as_view(url=static("kinsite/favicon.svg")), name="favicon"),
     path("api/v1/", include(api_v1)),
-    # The MCP server (agent_mcp): the same Bearer tokens and team scoping as the API.
     # /mcp as well as /mcp/: clients are configured with either, and a POST cannot follow
     # APPEND_SLASH's redirect.
     re_path(r"^mcp/?", include("agent_mcp.urls")),
-    # The kin admin moved with the model from sessions_app to kinsite ; old links lead there.
+    # Old links to the kin admin, from before the model moved to kinsite.
     re_path(r"^admin/sessions_app/kin/(?P<rest>.*)$",
             RedirectView.as_view(url="/admin/kinsite/kin/%(rest)s", query_string=True)),
     path("admin/", admin.site.urls),

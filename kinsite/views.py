@@ -1,9 +1,6 @@
-"""The dashboard's shell and kinsite's own pages. The shell: team_required (the signed-in
-user's team, for every app's pages), the htmx partial-or-page helper and who may manage.
-The pages: home, a model call, the model help page and API tokens (each app's pages live in
-its own views; the project URLconf, kinsite/urls.py, puts them all under "dashboard"). Every
-read goes through a selector scoped to the signed-in user's team; other teams' objects
-answer 404."""
+"""The dashboard's shell (team_required, the htmx partial-or-page helper, who may manage) and
+kinsite's own pages: home, a model call, the model help page and API tokens. Every read is
+scoped to the signed-in user's team; other teams' objects answer 404."""
 from functools import wraps
 
 from django.contrib import messages
@@ -31,12 +28,9 @@ def _has_nul(request, kwargs: dict) -> bool:
 
 
 def team_required(view):
-    """login_required, plus the user's team as `request.team`. A user who
-    belongs to no team gets a page saying so instead of the view.
-
-    It also refuses (400) any parameter or path part holding a NUL character, for every
-    dashboard page at once: PostgreSQL text cannot hold one, so a search or a form field
-    that reached a query with it would fail with a 500."""
+    """login_required, plus the user's team as `request.team` (a user in no team gets a page
+    saying so). Also refuses (400) any parameter or path part holding a NUL, for every page:
+    PostgreSQL text cannot hold one, so a query reached with it would fail with a 500."""
 
     @login_required
     @wraps(view)

@@ -1,14 +1,10 @@
 """The production web worker (Procfile `web`): uvicorn under gunicorn, with limits on what a
-client may send and how long it may take to send it.
+client may send and how long it may take (docs/deployment.md#limits-at-the-edge).
 
-uvicorn parses HTTP itself, so gunicorn's `--limit-request-line`, `--limit-request-fields`
-and `--limit-request-field_size` do nothing for its workers, and h11's own cap only counts a
-head that has not fully arrived (a 100 KB header sent at once passes). This worker applies
-gunicorn's three limits to every request head, answering 414 or 431, and closes a
-connection whose request does not arrive in time (WEB_READ_TIMEOUT_SECONDS): the head must
-be complete within that time of its first byte (or of the connection opening), and while a
-body is read no more than that may pass between two reads. A request whose Content-Length
-promises more than it sends is answered 408 and closed instead of holding the connection.
+uvicorn parses HTTP itself, so gunicorn's `--limit-request-*` options do nothing for it, and
+h11's own cap misses a head that arrives at once. This worker applies gunicorn's three limits
+to every head (414 or 431), and answers 408 and closes when a head takes longer than
+WEB_READ_TIMEOUT_SECONDS from its first byte, or a body longer than that between two reads.
 """
 from __future__ import annotations
 
@@ -64,9 +60,8 @@ class RequestLimits:
 
 
 class _LimitedConnection(h11.Connection):
-    """h11's connection that refuses a head over the limits as it would a malformed one, and
-    keeps the error so the protocol can answer with its status (uvicorn's handler has only
-    a generic 400)."""
+    """h11's connection refusing a head over the limits as a malformed one, keeping the error
+    so the protocol can answer with its status (uvicorn's handler has only a generic 400)."""
 
     def __init__(self, limits: RequestLimits):
         super().__init__(h11.SERVER, max_incomplete_event_size=limits.head_bytes)

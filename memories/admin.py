@@ -1,11 +1,6 @@
-"""Admin for memories and their change log (read-only).
-
-A memory's editable fields (content, category, subject, importance) can be changed
-here, but the save goes through memories.services.memory_update, so each edit
-writes a change row like any other. Admin does not add memories (kins, the API
-and the dashboard do) and never hard-deletes one: that would erase its history.
-"Mark deleted" is an action calling memory_delete, the same status change as
-everywhere else."""
+"""Admin for memories and their change log. Edits save through memories.services.memory_update
+(so each writes a change row) and "Mark deleted" calls memory_delete; admin neither adds
+memories (kins, the API and the dashboard do) nor hard-deletes one, which would erase its history."""
 from django.contrib import admin, messages
 from django.db.models.functions import Length
 from django.utils.text import Truncator
@@ -30,11 +25,9 @@ class MemoryChangeInline(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.Tabular
 
 @admin.register(Memory)
 class MemoryAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
-    # Fits a 1280 px window beside the admin's navigation and the filters: long text
-    # is cut short, and Django renders foreign key columns unwrapped, so the kin is a plain
-    # (cut) text column. Team, category, source, importance and source reference are on the
-    # memory's page (and the first three in the filters), not in the list; a long word breaks
-    # anywhere (templates/admin/memories/memory/change_list.html).
+    # Fits a 1280 px window beside the navigation and filters: long text is cut short, and
+    # the kin is a plain (cut) text column, as Django renders foreign key columns unwrapped.
+    # The rest is on the memory's page (change_list.html breaks long words anywhere).
     list_display = ["id", "short_content", "kin_name", "short_subject", "status", "updated_at"]
     list_filter = ["status", "category", "source", "team"]
     search_fields = ["content", "subject", "source_ref"]
@@ -120,9 +113,8 @@ class EmbeddingRunAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
 
 @admin.register(MemoryVector)
 class MemoryVectorAdmin(TeamScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
-    """Which memories have a vector, of which model and size, read-only: the services and
-    re-embedding runs write them (memories.services.memory_vector_set). The vectors
-    themselves are never read here (kilobytes of numbers per row)."""
+    """Which memories have a vector, of which model and size, read-only (memory_vector_set
+    writes them). The vectors themselves are never read here: kilobytes of numbers a row."""
 
     list_display = ["memory_id", "memory", "embedding_model", "dimensions"]
     fields = ["memory", "embedding_model", "dimensions"]

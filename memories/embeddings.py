@@ -1,11 +1,8 @@
-"""The embedding service: the vectors of memories and queries, from the source the EMBEDDINGS
-setting names: the in-process model (local, kinsite.llm.local_embedder), the endpoint's
+"""The embedding service: the vectors of memories and queries, from the source EMBEDDINGS
+names: the in-process model (local, kinsite.llm.local_embedder), the endpoint's
 LLM_EMBEDDING_MODEL (endpoint: a network call, logged as an LLMCall row by the gateway), or
-none (off).
-
-A module of its own rather than a part of services.py: memory search embeds its query,
-and services (duplicate check) read through search, so in services.py it would close
-an import loop search → services → search."""
+none (off). Not in services.py: search embeds its query and services read through search,
+so it would close an import loop."""
 import logging
 from dataclasses import dataclass
 

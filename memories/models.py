@@ -49,9 +49,8 @@ class Memory(models.Model):
     # The model that made the memory's vector (its MemoryVector row), "" when it has none:
     # kept here, small and indexed, for the re-embedding check and the vector scan's filter.
     embedding_model = models.CharField(max_length=200, blank=True, editable=False)
-    # The scope's vector generation (MemoryVectorScope) at this row's last change of
-    # vector, model, status or scope; set by database triggers (migrations 0006, 0008),
-    # never by Django: the vector caches fetch the rows changed since the generation they hold.
+    # The scope's vector generation at this row's last vector-relevant change, set by
+    # triggers only (see MemoryVectorScope): the caches fetch the rows changed since theirs.
     vector_seq = models.BigIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -76,11 +75,9 @@ class Memory(models.Model):
 
 class MemoryVector(models.Model):
     """A memory's embedding (float32, little-endian), made by the memory's embedding_model.
-    A table of its own so the memories heap stays narrow: inline, a 384-d vector (1.5 KB,
-    under PostgreSQL's 2 KB TOAST threshold) made the heap every full-text search reads
-    almost five times as large. Every write here (any path: services, bulk writes, raw
-    SQL) marks the memory's vector_seq through a trigger (migration 0008), so the vector
-    caches see it. The services write it with memories.services.memory_vector_set."""
+    A table of its own so the memories heap every full-text search reads stays narrow
+    (inline, vectors made it almost five times as large). Every write here, by any path,
+    marks the memory's vector_seq through a trigger (migration 0008), so the caches see it."""
 
     memory = models.OneToOneField(Memory, primary_key=True, on_delete=models.CASCADE, related_name="vector")
     vector = models.BinaryField()
@@ -90,14 +87,12 @@ class MemoryVector(models.Model):
 
 
 class MemoryVectorScope(models.Model):
-    """The vector generation of one memory scope: a kin's own memories (kin_key = the
-    kin's id) or its team's shared ones (kin_key = 0). Database triggers (migration 0006)
-    bump `generation` in the transaction of every insert, and every update that changes a
-    memory's model, status, kin or team or its vector (a MemoryVector write, which the
-    trigger of migration 0008 carries to the memory), and stamp the row's vector_seq with it;
-    a row leaving the scope (moved, or deleted from the table) changes `epoch`, which makes
-    the caches reload the scope. Plain ids, no foreign keys: a trigger writes these rows
-    and an orphan (its kin deleted) costs nothing. Read by memories.search.vectors."""
+    """The vector generation of one memory scope: a kin's own memories (kin_key = the kin's
+    id) or its team's shared ones (kin_key = 0). Triggers (migrations 0006, 0008) bump
+    `generation` in the transaction of every insert and every change of a memory's vector,
+    model, status, kin or team, and stamp the memory's vector_seq with it; a memory leaving
+    the scope bumps `epoch`, which makes the caches reload it. Plain ids, no foreign keys:
+    triggers write these rows, and an orphan (its kin deleted) costs nothing."""
 
     team_id = models.BigIntegerField()
     kin_key = models.BigIntegerField()
@@ -114,15 +109,12 @@ class MemoryVectorScope(models.Model):
 
 
 class MemoryTermCount(models.Model):
-    """Full-text statistics of one memory scope (kin_key as in MemoryVectorScope: the kin's
-    id, or 0 for its team's shared memories), what BM25 needs besides the matching
-    memories: for each lexeme of the scope's active memories' tsvectors, how many of them
-    hold it (`documents`), and on the row of lexeme '' (never a real lexeme) how many
-    active memories the scope has and the sum of their tsvector lengths. PostgreSQL only:
-    database triggers (migration 0012) keep the rows in the transaction of every write, so
-    a search reads its query's few rows instead of counting over the scope, whatever its
-    size; a count that falls to 0 is removed. Plain ids, no foreign keys, as for
-    MemoryVectorScope. Read by memories.search.postgres.scope_stats."""
+    """Full-text statistics of one memory scope (kin_key as in MemoryVectorScope) for BM25:
+    per lexeme of the scope's active memories, how many hold it (`documents`); on the row
+    of lexeme '' (never a real lexeme), the active memory count and total tsvector length.
+    PostgreSQL only: triggers (migration 0012) keep them in every write's transaction, so a
+    search reads its query's few rows whatever the scope's size; zero counts are removed.
+    Plain ids, as for MemoryVectorScope. Read by memories.search.postgres.scope_stats."""
 
     team_id = models.BigIntegerField()
     kin_key = models.BigIntegerField()

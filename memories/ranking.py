@@ -1,5 +1,5 @@
 """Memory ranking and sameness as pure functions over plain data: memories.search reads
-the database once and hand these functions dataclasses; nothing here touches Django's ORM.
+the database once and hands these functions dataclasses.
 
 Final score of a candidate (every factor is documented where its constant is):
 
@@ -27,26 +27,17 @@ from kinsite.textsearch import STOP_WORDS
 
 # --- constants (why each value) ---------------------------------------------------------------
 
-# Text and vector signals weigh the same when both exist: BM25 is precise on names and
-# rare words, vectors catch rewordings; neither is reliably better for short notes.
-# Each is scaled by the best candidate's, so both span 0..1 whatever the embedder's range:
-# all-MiniLM-L6-v2 gives a question and the turn that answers it a cosine of ~0.4–0.7, and
-# a fixed (cosine - floor) / (1 - floor) never let its vectors weigh as much as the words.
-# Chosen on LoCoMo with MiniLM (bench/memory_relevance.py --embeddings, bench/README.md):
-# on PostgreSQL recall@10 0.651 against 0.637 for the fixed scale, 0.643 for reciprocal-rank
-# fusion (k = 60) and 0.587 for the words alone (SQLite: 0.570, 0.571, 0.554 and 0.536).
-# VECTOR_MIN_SPREAD (below), added after review, left PostgreSQL's recall@10 at 0.651.
+# Text and vector signals weigh the same: BM25 is precise on names and rare words, vectors
+# catch rewordings. Each is scaled by the best candidate's, so both span 0..1 whatever the
+# embedder's range (a fixed scale never let MiniLM's vectors weigh as much as the words).
 TEXT_WEIGHT = 0.5
 VECTOR_WEIGHT = 0.5
-# Cosine at or below which a vector says "unrelated": its signal is 0. Modern embedders give
-# unrelated short sentences 0.0–0.2 (MiniLM: mostly below 0.15; older ones like ada-002
-# sit higher, ~0.7, and would need a higher floor via settings in the future).
+# Cosine at or below which a vector says "unrelated" (signal 0): modern embedders give
+# unrelated short sentences 0.0–0.2; older ones (ada-002, ~0.7) would need a higher floor.
 VECTOR_FLOOR = 0.2
-# The vector signal is scaled by the best cosine, but never by less than this spread above the
-# floor: when nothing is near (best cosine 0.21), the nearest of unrelated memories gets 0.01 /
-# 0.3, not a full 1.0 that would tie the best word match. MiniLM's real matches score
-# ~0.4–0.7: a best cosine of 0.5 or more keeps the full scaling, 0.4 gets 0.67 and 0.35 half.
-# On LoCoMo it changed no recall@10 (bench/README.md, "With MiniLM embeddings").
+# The vector signal's scale never drops below this spread above the floor: when nothing is
+# near (best cosine 0.21), the nearest unrelated memory gets 0.01 / 0.3, not a full 1.0 that
+# would tie the best word match. Real matches (MiniLM: 0.5 or more) keep the full scaling.
 VECTOR_MIN_SPREAD = 0.3
 # Importance 1..10 maps to 0.55..1.0: a 10 outranks a 1 of equal relevance by ~1.8×,
 # enough to reorder near-ties without letting an important but off-topic memory win.
@@ -60,25 +51,17 @@ SUBJECT_BOOST = 0.5
 # Hits scoring below this share of the best hit are noise next to it: dropped.
 RELATIVE_CUTOFF = 0.2
 
-# Duplicates ("same meaning, not only same text"). Lexical: Jaccard similarity of the
-# stemmed, stop-word-free term sets. 0.8 means an added or dropped word in a sentence of
-# four or more content words still merges ("Maria prefers short answers" + "…in the
-# morning"), but swapping one word of a short sentence does not: "Maria likes tea" /
-# "Maria likes coffee" (0.5) or "Maria prefers short/long answers" (0.6) are different
-# facts, and lexically a synonym swap ("prefers" / "likes") looks exactly like them, so
-# synonyms are left to the vector rule. A wrong merge loses a fact from search (history
-# keeps it); a missed merge only leaves two rows for consolidation to fold, so we err
-# towards not merging.
+# Duplicates ("same meaning, not only same text"), lexically: Jaccard of the term sets. At
+# 0.8 a word added to four content words still merges, one swapped word of a short sentence
+# ("likes tea" / "likes coffee") does not; synonyms are the vector rule's. A wrong merge loses
+# a fact from search, a missed one leaves two rows for consolidation: we err towards not merging.
 DUPLICATE_MIN_JACCARD = 0.8
 # Vector rule: paraphrases of one statement score ~0.9–0.98 with current embedders,
 # related-but-different statements about the same person or topic mostly 0.75–0.9.
 DUPLICATE_MIN_COSINE = 0.93
-# Words that flip or order what a statement says, so two texts differing in one of them are
-# different memories however alike the rest (and their vectors: embedders barely see a "not"):
-# "Maria is not vegan" / "Maria is vegan", "backups run before / after the deploy", "more /
-# less coffee". Several are search stop words, so term_set keeps these even then. Kept short
-# and English (as STOP_WORDS is): a word here that does not change the meaning only costs a
-# missed merge, which consolidation folds later. "n't" and "cannot" count as "not".
+# Words that flip or order what a statement says ("is not vegan", "before / after the
+# deploy"): texts differing in one are different memories, and embedders barely see a "not".
+# Kept even as stop words; a needless one only costs a missed merge. "n't", "cannot": "not".
 MEANING_WORDS = frozenset(
     """
     not no nor never neither none nobody nothing nowhere without
@@ -117,12 +100,9 @@ def stem(word: str) -> str:
 
 def _tokens(text: str) -> list[str]:
     """The words of `text` in any script and its symbols, lowercase. A word is a run of
-    letters, digits and the marks that combine with them, so a decomposed "é" or Hindi "हाँ"
-    stays one word rather than falling apart into single letters. Every other visible
-    character that is not punctuation (✅, €, an unassigned or private-use code point) is a
-    token of its own. Punctuation, spaces, controls and invisible format characters only
-    separate. Unlike kinsite.textsearch.query_terms (what the indexes are asked), nothing
-    is capped: two long texts differing after their 64th word are still told apart."""
+    letters, digits and combining marks (a decomposed "é" stays one word); any other visible
+    non-punctuation character (✅, €) is a token; punctuation, spaces, controls and format
+    characters only separate. Unlike query_terms nothing is capped: long texts still differ."""
     tokens: list[str] = []
     word: list[str] = []
     for char in unicodedata.normalize("NFKC", text).casefold():
@@ -154,10 +134,9 @@ def _expand_negations(text: str) -> str:
 
 
 def term_set(text: str) -> frozenset[str]:
-    """The stemmed, stop-word-free terms of `text`: its words in any script, numbers and
-    symbols (see _tokens), plus its MEANING_WORDS, unstemmed, stop words or not. Single
-    ASCII letters ("Maria's" splits into "maria" and "s") carry no meaning and are dropped;
-    single digits and letters of other scripts do not ("host 1" vs "host 2")."""
+    """The stemmed, stop-word-free terms of `text` (see _tokens), plus its MEANING_WORDS
+    unstemmed. Single ASCII letters ("Maria's" gives "maria" and "s") are dropped; single
+    digits and other scripts' letters are not ("host 1" vs "host 2")."""
     terms = set()
     for token in _tokens(_expand_negations(text)):
         if token in MEANING_WORDS:
@@ -217,10 +196,8 @@ def is_duplicate(
     vector_similarity: float | None = None,
 ) -> bool:
     """Same meaning: two set subjects that differ rule it out, and so do two different sets
-    of numbers ("at 3pm" / "at 5pm": one changed term of many passes the word rule, and
-    embedders barely see digits) and any difference in MEANING_WORDS ("not", "before" /
-    "after": a negation added or dropped is as much a change as a swapped one); then either
-    rule suffices."""
+    of numbers ("at 3pm" / "at 5pm": embedders barely see digits) and any difference in
+    MEANING_WORDS (a negation added or dropped is a change); then either rule suffices."""
     if new_subject.strip() and old_subject.strip() and new_subject.strip().casefold() != old_subject.strip().casefold():
         return False
     new_numbers, old_numbers = _numbers(new_terms), _numbers(old_terms)
@@ -307,9 +284,8 @@ class Relevance:
 
 def fuse(candidates: list[Candidate]) -> dict[int, Relevance]:
     """The relevance of each candidate: the weighted mean of its text and vector signals, each
-    scaled by the best candidate's (the vector one by at least VECTOR_MIN_SPREAD; module doc).
-    A candidate without a vector (written before the embedder, or by another model) is judged
-    on its words alone, not as a vector miss."""
+    scaled by the best candidate's (module doc). A candidate without a vector (older, or by
+    another model) is judged on its words alone, not as a vector miss."""
     best_text = max((c.text_score for c in candidates), default=0.0)
     best_vector = max((c.vector_similarity for c in candidates if c.vector_similarity is not None), default=0.0)
     fused = {}

@@ -1,13 +1,11 @@
-"""Re-embedding: when the embedding model changes (LLM_EMBEDDING_MODEL), the active memories
-whose vector another model made, or that have none, get one of the new model in the
-background. Until that is done search compares only vectors of the current model
-(memories.search.vectors), so results never mix models; they lack the others for a while.
+"""Re-embedding: when LLM_EMBEDDING_MODEL changes, the active memories whose vector another
+model made, or that have none, get one of the new model in the background. Search compares
+only vectors of the current model, so results never mix models; meanwhile they lack the rest.
 
-The beat check (reembed_check) starts one EmbeddingRun per model; the run's task
-(reembed_run) works in slices: it embeds batches by ascending memory id from the run's
-cursor, writes each batch's vectors with the cursor in one transaction, and before the
-Celery soft limit puts the run back to pending and sends itself again. A killed worker's
-run is taken over by the stalled sweep of kinsite.jobs, like any other job."""
+Beat's reembed_check starts one EmbeddingRun per model; its task (reembed_run) embeds
+batches by ascending id from the run's cursor, writes each batch with the cursor in one
+transaction, and before Celery's soft limit goes back to pending and sends itself again. A
+killed worker's run is taken over by the stalled sweep of kinsite.jobs."""
 from __future__ import annotations
 
 import logging
@@ -46,12 +44,10 @@ MAX_ATTEMPTS = 3
 
 
 def memories_to_reembed(model: str):
-    """Active memories without a vector of `model` (a Memory queryset). A memory without a
-    vector (no MemoryVector row) has embedding_model "" (memory_vector_set's callers write
-    both together), which sorts before any model. Written as two ranges rather than "<>",
-    which no index serves: PostgreSQL reads them from the partial index
-    memory_active_embed_model, so the beat check does not scan every active memory once
-    all are up to date."""
+    """Active memories without a vector of `model`. A memory without a vector has
+    embedding_model "" (the two are written together), which sorts before any model. Two
+    ranges rather than "<>", which no index serves: PostgreSQL reads them from the partial
+    index memory_active_embed_model, so the beat check does not scan every active memory."""
     return Memory.objects.filter(status=Memory.Status.ACTIVE).filter(
         Q(embedding_model__lt=model) | Q(embedding_model__gt=model)
     )
@@ -125,9 +121,8 @@ def reembed_run(*, run_id: int) -> EmbeddingRun | None:
 
 
 def _work(run: EmbeddingRun, *, deadline: float) -> bool:
-    """Embed and write batches until none is left (True) or the deadline passes (False;
-    at least one batch per slice).
-    Raises when the model changed meanwhile or an embedding call fails."""
+    """Embed and write batches until none is left (True) or the deadline passes (False; at
+    least one batch per slice). Raises when the model changed or an embedding call fails."""
     while True:
         current = embedding_model_current()
         if current != run.model:
@@ -196,10 +191,8 @@ REEMBED_JOBS = JobKind(
 
 
 def reembed_progress() -> dict:
-    """What /healthz shows: the current embedding model, the run re-embedding memories
-    with it ({"run", "status", "done", "total"}) or None, the vector search mode ("pgvector"
-    or "exact") and, with pgvector, the HNSW index of the model's vectors
-    ({"name", "dims", "state", "rows"}, None before the model has any vector)."""
+    """What /healthz shows: the current embedding model, its re-embedding run's progress
+    ({"run", "status", "done", "total"}) or None, and vectorindex.vector_index_report."""
     model = embedding_model_current()
     run = reembed_run_active(model)
     progress = None
@@ -209,11 +202,10 @@ def reembed_progress() -> dict:
 
 
 def vector_index_check() -> str | None:
-    """Beat's check, pgvector mode only: build the HNSW index for the current model's vectors
-    when it is missing (or a build died), once the model has vectors and no re-embedding run
-    for it is going (an index built meanwhile would be built again for nothing only if the
-    size changed, but its build competes with the run for the machine). What the build did
-    ("built", "busy"), or None when there was nothing to do. Blocks for the whole build."""
+    """Beat's check, pgvector mode only: build the current model's HNSW index when it is
+    missing or a build died, once the model has vectors and no re-embedding run for it is
+    going (the build would compete with the run for the machine). What the build did, or
+    None when there was nothing to do. Blocks for the whole build."""
     model = embedding_model_current()
     if not model or vectorindex.vector_mode() != vectorindex.MODE_PGVECTOR or reembed_run_active(model):
         return None
@@ -227,10 +219,9 @@ def vector_index_check() -> str | None:
 
 
 def reembed_kin_progress(*, team: Team, kin: Kin) -> dict | None:
-    """The dashboard's notice while a run re-embeds memories with the current model: that
-    model and how many of the kin's active memories (its own and the team-shared ones) have
-    a vector of it, {"model", "done", "total"}; None when no run is going. Counted over the
-    kin's scope, not the run's, which spans every team."""
+    """The dashboard's notice while a run re-embeds with the current model: {"model", "done",
+    "total"} over the kin's active memories (its own and the shared ones; the run spans every
+    team), None when no run is going."""
     run = reembed_run_active()
     if run is None:
         return None

@@ -155,11 +155,9 @@ def memory_supersede(*, memory: Memory, actor: Actor, reason: str, superseded_by
 
 
 def memory_vector_set(*, memory_id: int, vector: bytes | None) -> None:
-    """Store a memory's vector (float32, little-endian: Embedding.as_bytes), replacing the
-    one it had, or with None remove it; one query. The one writer of MemoryVector rows, so
-    callers write the memory's embedding_model with it, in the same transaction (the model
-    that made `vector`, "" without one): search filters vectors by that model. The table's
-    trigger tells the vector caches (migration 0008)."""
+    """Store a memory's vector (float32, little-endian: Embedding.as_bytes), or with None
+    remove it; one query. The one writer of MemoryVector rows: callers set the memory's
+    embedding_model with it in the same transaction, as search filters vectors by that model."""
     if vector is None:
         MemoryVector.objects.filter(memory_id=memory_id).delete()
         return

@@ -22,9 +22,8 @@ def reembed_run_task(run_id: int) -> None:
     reembed_run(run_id=run_id)
 
 
-# An index build runs for minutes (CREATE INDEX CONCURRENTLY; 702 s for 200,000 x 384 on a
-# loaded 2-core machine), past the global limits. A copy delivered again meanwhile (acks_late,
-# visibility timeout) finds the build's advisory lock taken and returns.
+# An index build runs for minutes (CREATE INDEX CONCURRENTLY), past the global limits. A copy
+# delivered again meanwhile (acks_late, visibility timeout) finds the build's lock taken and returns.
 @shared_task(soft_time_limit=6 * 3600, time_limit=6 * 3600 + 60)
 def vector_index_check_task() -> str | None:
     """Every 15 minutes (beat), pgvector mode only: build the HNSW index of the current

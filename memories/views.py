@@ -1,7 +1,6 @@
-"""Dashboard pages for a kin's memories: browse and search (htmx partial), add,
-edit, delete (after a confirmation) and each memory's history. Reads go through
-memories.selectors and memories.search scoped to the user's team (other teams' ids answer 404);
-writes go through memories.services with the signed-in user as the actor."""
+"""Dashboard pages for a kin's memories: browse and search (htmx partial), add, edit, delete
+and each memory's history. Reads go through memories.selectors and memories.search scoped to
+the user's team (other teams' ids answer 404); writes through memories.services."""
 from dataclasses import dataclass
 
 from django import forms

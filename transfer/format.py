@@ -22,39 +22,30 @@ Format "kinsite.kin", version 1. Top-level keys, all required:
     turns               the chat turns of those sessions (the dashboard groups tool steps by them)
     summaries           the compaction summaries of those sessions
 
-Every row has an "id", unique in its list. References between rows are those ids
-("memory": 12 in a memory change is the memory whose "id" is 12 in "memories"); the
-import gives every row a new id and rewrites each reference. Inside an event's "data",
-the ids the application stores there are references too: reply_to, first_event_id,
-last_event_id and command_event_id (events), turn (turns), previous_session_id and
-new_session_id (sessions), memories[].id (memories). Times are ISO 8601 with an offset.
+Every row has an "id", unique in its list; references between rows are those ids ("memory":
+12 in a memory change is the memory whose "id" is 12). The import gives every row a new id
+and rewrites each reference, also the ids the application stores inside an event's "data"
+(EVENT_DATA_REFS, and memories[].id). Times are ISO 8601 with an offset.
 
-Left out, because they belong to the installation rather than to the kin:
-- memory vectors: the importing installation embeds the memories with its own model
-  (the re-embedding job of memories.reembed starts after the import when an embedding
-  model is configured; until then memory search is full-text only);
-- the kin's parent (a kin of the source team) and a session's workflow (a workflow of
-  the source team): the import leaves them empty; the spawn reason stays;
-- the team's shared memories and templates, API tokens, users (a change's actor stays
-  as its text), the LLM call log, introspection and compaction runs, consolidation runs
-  that were not applied, activity and admin audit: they describe the source installation's
-  operation, not the kin. Ids of those inside an event's data ("run",
-  "introspection_run_id") are exported as null.
+Left out, as they belong to the installation rather than to the kin:
+- memory vectors: the importing installation embeds with its own model (memories.reembed;
+  until then memory search is full-text only);
+- the kin's parent and a session's workflow (rows of the source team): left empty, the
+  spawn reason stays;
+- the team's shared memories and templates, API tokens, users (a change's actor stays as
+  text), the LLM call log, introspection and compaction runs, unapplied consolidation runs,
+  activity and admin audit. Their ids inside an event's data (EVENT_DATA_DROPPED) are null.
 
-Texts that name a writer (a memory's or a fact's "source_ref", a memory change's "actor",
-in the format of kinsite.actors) and the "kin" and "superseded_by" of a memory change's
-before/after snapshots name rows by id too. The import rewrites those the document carries:
-the kin ("kin:4" and a snapshot's "kin": 4 become the new kin's id), its memories, and
-with sessions its messages ("event:345") and turns ("turn:17"). The rest ("token:ks_ab12",
-"user:maria", "introspection_run:12") name the source installation and are kept verbatim.
-Documents written before the one writer format may carry a memory's source_ref as the bare
-token prefix (source "api") or "create_demo"; they are read as "token:<prefix>" and
-"command:create_demo".
+Texts that name a writer (kinsite.actors: a memory's or fact's "source_ref", a change's
+"actor") and the "kin" and "superseded_by" of change snapshots name rows by id too. The
+import rewrites those the document carries (the kin, its memories, and with sessions its
+messages "event:345" and turns "turn:17"); the rest ("token:ks_ab12", "user:maria",
+"introspection_run:12") name the source installation and stay verbatim. Older documents
+may carry a memory's source_ref as a bare token prefix (source "api") or "create_demo",
+read as "token:<prefix>" and "command:create_demo".
 
-A turn still pending or running in the document is imported as failed (its error says
-why), so the importing installation never runs it again.
-
-Validation (document_errors) reads the whole document before anything is written, and
+A turn still pending or running is imported as failed, so the importing installation never
+runs it again. document_errors reads the whole document before anything is written and
 names each problem by its JSON path ("memories[3].importance").
 """
 from __future__ import annotations

@@ -111,12 +111,10 @@ def _time_fields(model: type[models.Model], names: tuple[str, ...]) -> list[str]
 
 
 def _write(*, team: Team, document: dict) -> Kin:
-    """Rows are written section by section in the order of transfer.format.SECTIONS, with
-    bulk_create (the document is the kin's history as it was, not a replay of its writes);
-    a reference to a row written later (a memory superseded by a newer one, a fact's
-    consolidation run, an event's turn) is filled in by one bulk_update per section at the
-    end. The full-text indexes and message counts follow by themselves: database triggers
-    (SQLite) and generated columns (PostgreSQL) keep them for every insert."""
+    """Rows are written section by section in SECTIONS order with bulk_create (the document
+    is the kin's history as it was, not a replay of its writes); references to rows written
+    later are filled in by one bulk_update per section at the end. Triggers (SQLite) and
+    generated columns (PostgreSQL) keep the full-text indexes and message counts."""
     kin_row = document["kin"]
     serializer = KinSerializer(data=kin_editable(kin_row))
     serializer.is_valid(raise_exception=True)  # checked already; this gives the cleaned values

@@ -44,12 +44,11 @@ def _quoted(client_ids: list[str]) -> str:
 
 
 def _stalled_run_error(run: WorkflowRun) -> str | None:
-    """A run lost between two nodes (no node left running: its next wave's task was lost, or
-    its worker stopped between nodes) runs again: it resumes at its first unfinished wave, and
-    a finished node is not run again (node runs are claimed, and results are stored in one
-    transaction at a node's end), so nothing is repeated. A run whose worker stopped in the
-    middle of a node is failed instead: that node may be what stopped it (the time limit, or
-    memory), so running it again could loop; a run is cheap to request again."""
+    """A run lost between two nodes (its next wave's task lost, or its worker stopped between
+    nodes) runs again from its first unfinished wave; finished nodes are not repeated (node
+    runs are claimed, results stored in one transaction). A run whose worker stopped inside a
+    node is failed instead: that node may be what stopped it (time limit, memory), so running
+    it again could loop."""
     interrupted = _client_ids(run, NodeRun.Status.RUNNING)
     if not interrupted:
         return None

@@ -1,19 +1,14 @@
-"""Lineage of a workflow node: its upstream subgraph, a narrative of how
-its records came to be (its exports are workflows.lineage_exports).
+"""Lineage of a workflow node: its upstream subgraph and a narrative of how its records
+came to be (its exports are workflows.lineage_exports). Pure functions over plain data: a
+selector reads the workflow once and hands over a `GraphInfo`.
 
-Pure functions over plain data: a selector reads the workflow once and hands over a
-`GraphInfo`; nothing here touches the database.
-
-Staleness. A node's results are judged from its fields:
+Staleness is judged from a node's fields (no status value means "results lost"):
 - never ran: `results_version == 0` and no `config_fingerprint`;
-- lost its results: `results_version == 0` but a `config_fingerprint` (it ran once, the
-  results were cleared since). No status value means "results lost", so status is not used;
+- lost its results: `results_version == 0` but a `config_fingerprint` (cleared since);
 - settings changed: it has results but `current_fingerprint` (its config now) differs from
-  `config_fingerprint` (its config when the results were produced). An empty
-  `current_fingerprint` means "not computed" and is never a change.
-The node itself is judged too by default (the canvas shows *its* records); `check_self=False`
-judges only its upstream. `{{_lineage}}`, for a node about to run, is `lineage_upstream` of
-the graph, which drops the node's own entry and reason: its results are about to be replaced.
+  `config_fingerprint` (its config at its last run); an empty `current_fingerprint` means
+  "not computed" and is never a change.
+The node itself is judged too unless `check_self=False` (`{{_lineage}}`: lineage_upstream).
 """
 from __future__ import annotations
 
@@ -92,8 +87,8 @@ def name_text(text: str) -> str:
 
 
 def default_describer(node: NodeInfo) -> str:
-    # Counts are appended to every step by the narrative, so the generic sentence names
-    # the step only (the node types' describers, workflows.nodes, should not repeat the counts either).
+    # The narrative appends counts to every step, so describers (this one and those of
+    # workflows.nodes) name the step only.
     kind = name_text(node.type) or "unknown"
     if node.label and node.label != node.type:
         return f'Runs "{name_text(node.label)}", a {kind} step'
@@ -127,10 +122,9 @@ def collect_lineage(
     params: Callable[[NodeInfo], dict] = default_params,
     check_self: bool = True,
 ) -> LineageGraph:
-    """The node and everything upstream of it over data edges, in topological order
-    (among nodes ready at the same time, the earlier in `graph.nodes` first). Linear in
-    nodes + edges when `graph.nodes` is already in topological order (the usual case:
-    nodes are added after their inputs); otherwise Kahn's algorithm with a heap."""
+    """The node and everything upstream of it over data edges, in topological order (ties:
+    the earlier in `graph.nodes` first). Linear when `graph.nodes` is already topological
+    (the usual case: nodes are added after their inputs); otherwise Kahn's with a heap."""
     nodes = graph.nodes
     position = {node.id: i for i, node in enumerate(nodes)}
     target = position.get(node_id)
@@ -203,15 +197,13 @@ def _kahn(nodes: list[NodeInfo], members: list[int], pairs: list[tuple[int, int]
 
 def lineage_upstream(graph: LineageGraph) -> LineageGraph:
     """What fed the node: its lineage without its own entry (the last) and the edges into it.
-    The node stays `node_id`, so the narrative knows it is not among the entries and gives
-    each input its own branch (no "Then:" step for the node). This is `{{_lineage}}`: a node
-    about to run has no records of its own yet, only its inputs' history."""
+    `node_id` stays, so the narrative gives each input its own branch. This is `{{_lineage}}`:
+    a node about to run has no records of its own yet, only its inputs' history."""
     if not graph.entries:
         return graph
     entries = graph.entries[:-1]
     edges = [edge for edge in graph.edges if edge.target != graph.node_id]
-    # The reasons as collect_lineage worded them, one per stale entry in order: the node's
-    # own, if any, is the last.
+    # The node's own reason, if any, is the last.
     reasons = graph.stale_reasons[:-1] if graph.entries[-1].stale_cause else list(graph.stale_reasons)
     return LineageGraph(node_id=graph.node_id, entries=entries, edges=edges, stale=bool(reasons),
                         stale_reasons=reasons)
@@ -365,8 +357,7 @@ def _folded_len(hidden: int) -> int:
 def _warning(graph: LineageGraph, max_chars: int) -> str:
     if not graph.stale:
         return ""
-    # Name the causes, as many as fit in half the budget (a wholly stale 10,000-node graph
-    # would otherwise leave no room for the steps).
+    # As many causes as fit in half the budget, so a wholly stale graph leaves room for steps.
     text, shown = STALE_WARNING + ": " + graph.stale_reasons[0], 1
     for reason in graph.stale_reasons[1:]:
         rest = len(graph.stale_reasons) - shown - 1
@@ -383,23 +374,17 @@ def lineage_to_narrative(graph: LineageGraph, max_chars: int = 2000) -> str:
     """How the node's records came to be, in at most `max_chars` characters.
 
     One step per line: "2. <describer's sentence> (120 records in, 87 out)." plus
-    " Parameters: k=v; k=v." at full detail. A chain is one numbered list. Otherwise each
-    segment (see `_Layout`) is a list under a header: "Branch A:" (from a source),
-    "Branch B: continues from Branch A step 2." (after a diamond's shared ancestor),
-    "Branch C: Branch A and Branch B are combined." (a join inside the lineage), and
-    last "Then: Branch A and Branch B are combined." for the join leading to the node
-    (a lineage_upstream graph has no such last segment: each input is a branch).
-    A stale graph starts with "Warning: upstream settings changed since these records
-    were produced: <node> never ran; <node> lost its results; <node> has changed
-    settings since its last run."
+    " Parameters: k=v; k=v." at full detail. A chain is one numbered list; otherwise each
+    segment (`_Layout`) is a list under a header: "Branch A:", "Branch B: continues from
+    Branch A step 2.", "Branch C: Branch A and Branch B are combined.", and last "Then: ..."
+    for the join leading to the node (none in a lineage_upstream graph). A stale graph
+    starts with STALE_WARNING and the causes.
 
-    Over budget, in order: parameter detail is dropped; then steps are folded into
-    "1–3. 3 further steps." from the sources down (at level c every step fewer than c
-    edges from a source, the smallest c that fits; the node's own step always shows, or,
-    in a lineage_upstream graph, each input's last step);
-    if even the most folded form is over, the warning and then the last whole lines that
-    fit are kept (the steps nearest the node matter most) after a line saying so.
-    Linear in the entries; only the lines that can fit are ever formatted."""
+    Over budget, in order: parameters are dropped; then steps fold into "1–3. 3 further
+    steps." from the sources down (at the smallest level c that fits, every step fewer than
+    c edges from a source; the sinks always show); if even the most folded form is over, the
+    warning and the last whole lines that fit are kept after OMITTED_LINE (the steps nearest
+    the node matter most). Linear in the entries; only lines that can fit are formatted."""
     entries = graph.entries
     if not entries:
         return ""
@@ -427,9 +412,8 @@ def lineage_to_narrative(graph: LineageGraph, max_chars: int = 2000) -> str:
         if lines is not None:
             return "\n".join(head + lines)
 
-    # The most folded form: every step but the node's own (or, without it, each input's last
-    # step) in "further steps" lines. Built from the end, stopping once over budget (then the
-    # tail built so far is the answer).
+    # The most folded form (only the sinks shown), built from the end: once over budget,
+    # the tail built so far is the answer.
     hidden = [len(segment) for segment in segments]
     for sink in layout.sinks:  # a sink ends its segment
         hidden[layout.segment_of[sink]] -= 1

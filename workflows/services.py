@@ -42,10 +42,9 @@ class WorkflowInvalid(InvalidInput):
     code = "invalid_workflow"
 
 
-# A node id is the last part of the dashboard's and the API's addresses of the node
-# (/workflows/<id>/nodes/<node id>/): it may hold "/" (those routes take a path), but not a
-# line break or another character no URL route matches, and no "." or ".." segment, which a
-# browser folds into the parent path and so would open another page. 100: the column.
+# A node id ends the node's dashboard and API addresses (/workflows/<id>/nodes/<node id>/):
+# it may hold "/" (those routes take a path), but no line break or other character no route
+# matches, and no "." or ".." segment, which a browser folds into the parent path. 100: the column.
 NODE_ID_MAX_CHARS = 100
 
 
@@ -369,8 +368,7 @@ def workflow_run_check(*, workflow: Workflow) -> list[Node]:
 def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
     """Checks the workflow can run, creates the run and one NodeRun per node (by wave), and
     enqueues wave 0 after commit (eager Celery: the whole run happens then). With the broker
-    (Redis) down it raises ServiceUnavailable (503) after undoing the run, so nothing stored
-    blocks the next request."""
+    down it undoes the run and raises ServiceUnavailable (503), so nothing stored blocks the next request."""
     workflow = Workflow.objects.select_for_update().get(pk=workflow.pk)
     nodes = workflow_run_check(workflow=workflow)
     active = WorkflowRun.objects.filter(
@@ -392,10 +390,9 @@ def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
 
 
 def _run_supersede(run: WorkflowRun) -> bool:
-    """Fail an active run nobody works on any more, so a new one may start: pending for
-    longer than a task may live (no worker took it, though beat's requeue sweep sends it
-    every minute), or running with none of its nodes moving (workflows.jobs). Without beat
-    (eager Celery, no Redis) no sweep takes such a run over; a request for a new one does."""
+    """Fail an active run nobody works on any more, so a new one may start: pending longer
+    than a task may live, or running with none of its nodes moving (workflows.jobs). Without
+    beat (eager Celery) no sweep takes such a run over; a request for a new one does."""
     now = timezone.now()
     cutoff = now - past_task_time_limit()
     if run.status == WorkflowRun.Status.PENDING:
@@ -412,10 +409,9 @@ def _run_supersede(run: WorkflowRun) -> bool:
 
 
 def _run_enqueue(run: WorkflowRun, statuses_before: dict[int, str]) -> None:
-    """Send the run's task (kinsite.jobs.job_send). When the broker does not take it, the
-    run is removed again rather than kept pending for the requeue sweep: the caller is told
-    at once that nothing was stored, and a run is cheap to request again, unlike a chat
-    message to type again."""
+    """Send the run's task. When the broker does not take it, the run is removed rather than
+    kept pending for the requeue sweep: the caller is told at once that nothing was stored,
+    and a run, unlike a chat message, is cheap to request again."""
     try:
         job_send(WORKFLOW_RUN_JOBS, run.pk)
     except BrokerUnreachable as exc:
@@ -431,10 +427,9 @@ def _run_enqueue(run: WorkflowRun, statuses_before: dict[int, str]) -> None:
 
 @transaction.atomic
 def _run_discard(*, run: WorkflowRun, statuses_before: dict[int, str]) -> None:
-    """Undo a run whose first wave never reached the broker: delete it (its NodeRuns go with
-    it) and give its nodes back the statuses they had. Only while it is pending: should the
-    broker have taken the task after all, a worker that started it keeps it, and one that
-    comes later finds no run and does nothing."""
+    """Undo a run whose first wave never reached the broker: delete it (and its NodeRuns) and
+    give its nodes back their statuses. Only while pending: should the broker have taken the
+    task after all, a worker that started it keeps it, and a later one finds no run."""
     deleted, _ = WorkflowRun.objects.filter(pk=run.pk, status=WorkflowRun.Status.PENDING).delete()
     if not deleted:
         return

@@ -14,10 +14,9 @@ def run_workflow_task(run_id: int) -> None:
         run_wave_task(run_id, wave)
 
 
-# No autoretry: a failing node is recorded on its rows and fails its downstream nodes only.
-# A killed worker's task is delivered again (acks_late) and only runs the nodes no one has
-# claimed (or whose claim outlived the task time limit); a run left running is the stalled
-# sweep's (workflows.jobs).
+# No autoretry: a failing node is recorded on its rows and fails its downstream nodes only. A
+# killed worker's task is delivered again (acks_late) and runs only the nodes no live claim
+# holds; a run left running is the stalled sweep's (workflows.jobs).
 @shared_task
 def run_wave_task(run_id: int, wave: int) -> None:
     next_wave = workflow_run_wave(run_id=run_id, wave=wave)

@@ -1,8 +1,6 @@
 """Dashboard pages for workflows: the team's workflows, one workflow's graph (server-drawn
-SVG, node statuses and counts, a Run button) and a node's lineage inspector with its
-exports and latest results. Reads go through workflows.selectors (other teams' ids answer
-404); lineage through the same functions the API uses (node_lineage, lineage.*); runs
-through workflows.services.workflow_run_start."""
+SVG, statuses, counts, a Run button) and a node's lineage inspector. Reads, lineage and runs
+go through the same selectors and services as the API (other teams' ids answer 404)."""
 from __future__ import annotations
 
 import json

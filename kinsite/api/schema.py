@@ -39,11 +39,9 @@ ERROR_DESCRIPTIONS = {
 
 
 class KinsiteAutoSchema(AutoSchema):
-    """drf-spectacular's AutoSchema, plus the error responses each operation can give, so a
-    client (and schemathesis) can rely on the documented status codes: 401 for every
-    authenticated operation, 400 where there is input to validate, 404 where the path
-    names an object, 429 where the view is rate-limited. Every error response has the
-    ErrorResponse body."""
+    """drf-spectacular's AutoSchema plus the error responses each operation can give (401, and
+    400, 404 and 429 where they apply), each with the ErrorResponse body, so a client (and
+    schemathesis) can rely on the documented status codes."""
 
     def get_operation(self, path, path_regex, path_prefix, method, registry):
         operation = super().get_operation(path, path_regex, path_prefix, method, registry)
@@ -70,10 +68,8 @@ class KinsiteAutoSchema(AutoSchema):
         return operation
 
     def map_renderers(self, attribute):
-        """The media types of the automatic responses (and the ?format= choices). Not
-        text/event-stream: its renderer only lets DRF accept it, a view answers the stream
-        itself and declares it ((200, "text/event-stream") in @extend_schema), and every
-        other answer of such a view, errors included, is JSON (EventStreamMixin)."""
+        """The media types of the automatic responses, without text/event-stream: a view
+        answers and declares its stream itself, and its other answers are JSON."""
         found = super().map_renderers(attribute)
         if attribute == "media_type":
             return [media_type for media_type in found if media_type != EventStreamRenderer.media_type]

@@ -174,9 +174,8 @@ class OpenAICompatibleProvider:
 
     @contextlib.contextmanager
     def _logged(self, path: str) -> Iterator[str]:
-        """The endpoint's URL, for one call; a failure is logged with it. The error itself names
-        only the path: its message reaches API bodies and the dashboard (through the turn's
-        stored error), and where the model lives is the operator's business, not the caller's."""
+        """The endpoint's URL for one call, logged with a failure. The error itself names only the
+        path: it reaches API bodies and the dashboard, and where the model lives is the operator's."""
         url = f"{self.base_url}{path}"
         try:
             yield url
@@ -204,10 +203,8 @@ class OpenAICompatibleProvider:
     def _request(self, url: str, payload: dict[str, Any], read: Callable[[httpx.Response, int], T], *,
                  stream: bool = False) -> T:
         """POST with bounded retries; `read(response, attempt)` turns a 2xx answer into the result.
-
-        Retried: 429/5xx answers, connect errors, timeouts, and network errors that `read` lets
-        through (a streamed read does so only until a piece of text has gone to the caller; after
-        that it raises LLMStreamInterrupted itself). An LLMError from `read` is never retried."""
+        Retried: 429/5xx, connect errors, timeouts and network errors `read` lets through (a
+        streamed read only until text went out); an LLMError from `read` never is."""
         max_attempts = self.max_retries + 1
         for attempt in range(1, max_attempts + 1):
             last = attempt == max_attempts
@@ -309,9 +306,8 @@ class _StreamedAnswer:
 
 
 class _StreamReader:
-    """Reads a streamed chat answer (server-sent events in OpenAI's chunk format) for
-    OpenAICompatibleProvider.chat: each piece of text goes to on_delta as soon as its chunk
-    arrives, and the end result is the ChatResult the same answer unstreamed would give."""
+    """Reads a streamed chat answer (OpenAI's chunk format over server-sent events): each piece
+    of text goes to on_delta as it arrives; the result is what the unstreamed answer would give."""
 
     def __init__(self, provider: OpenAICompatibleProvider, url: str, on_delta: DeltaSink, *,
                  messages: list[Message], model: str, json_mode: bool):

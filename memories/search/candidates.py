@@ -16,9 +16,8 @@ SUBJECT_WEIGHT = 0.5
 
 
 class TextMatch(NamedTuple):
-    """A full-text candidate: BM25 score plus the fields ranking needs, and the memory's
-    row (`row`, see memory_from_row), read by the same query so search reads no candidate
-    again."""
+    """A full-text candidate: its BM25 score, the fields ranking needs, and the memory's
+    row (see memory_from_row)."""
 
     id: int
     score: float
@@ -55,9 +54,8 @@ def kin_keys_sql(kin_keys: list[int]) -> tuple[str, list]:
     return f"({' OR '.join(parts)})", own
 
 
-# The columns a search hit is built from: all of a memory's (its vector lives in
-# MemoryVector). Timestamps travel as text and are parsed only for the hits (Django's
-# timestamptz loader is Python and ran for every candidate).
+# The columns a search hit is built from: all of a memory's. Timestamps travel as text and
+# are parsed only for the hits (Django's timestamptz loader is Python, slow per candidate).
 _HIT_FIELDS = list(Memory._meta.concrete_fields)
 _HIT_TIMESTAMPS = {i for i, f in enumerate(_HIT_FIELDS) if isinstance(f, DateTimeField)}
 _HIT_ATTNAMES = [f.attname for f in _HIT_FIELDS]
@@ -81,10 +79,9 @@ _HIT_POSITION = {attname: i for i, attname in enumerate(_HIT_ATTNAMES)}
 
 
 def matches_by_id(ids: set[int], *, team: Team, kin: Kin | None, include_shared: bool) -> list[TextMatch]:
-    """The active memories of the scope among `ids` as TextMatches of score 0 (candidates
-    found by vector alone), in one query: the fields ranking needs and, for the hits, the
-    row. The ids come from a scoped vector search; the scope is checked again here so that
-    no id, however it was found, reads a memory of another kin or team."""
+    """The active memories of the scope among `ids` as TextMatches of score 0 (found by
+    vector alone), in one query. The scope is checked again so that no id, however it was
+    found, reads a memory of another kin or team."""
     if not ids:
         return []
     where, params = scope_sql(team=team, kin=kin, include_shared=include_shared)

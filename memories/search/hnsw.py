@@ -1,13 +1,11 @@
 """Nearest vectors through pgvector's HNSW index (the pgvector mode of memories.vectorindex),
 for scopes large enough that the index beats the exact scan of memories.search.vectors.
 
-pgvector 0.6 filters after the index scan: the index yields the hnsw.ef_search nearest
-vectors of the whole table (every team and kin), and only then are the scope's kept. A
-kin holding 1% of the rows got 2 of 10 results at the default ef_search (40) and 5 of 10
-at the maximum (1000), silently. So each query sets ef_search from the scope's share of
-the indexed rows (hnsw_ef_search), a scope whose share is too small for even the maximum
-takes the exact path, and a query that still brings fewer than k rows is answered by the
-exact path too (the caller does that: nearest() returns None)."""
+pgvector filters after the index scan: the index yields the hnsw.ef_search nearest of the
+whole table (every team and kin), and only then are the scope's kept, so a small scope
+silently gets fewer than k. Hence ef_search is set from the scope's share of the index
+(hnsw_ef_search); a share too small even for the maximum, or a query that still brings
+fewer than k rows, takes the exact path (nearest() returns None)."""
 from __future__ import annotations
 
 import math
@@ -24,8 +22,8 @@ from memories.search.candidates import kin_keys_sql
 # pgvector's default and largest hnsw.ef_search.
 EF_SEARCH_DEFAULT = 40
 EF_SEARCH_MAX = 1000
-# The index's candidates are not spread evenly over the scopes (the measurement above got
-# half of what the share predicts): ask for this many times the rows the share would give.
+# The index's candidates are not spread evenly over the scopes (a kin with 1% of the rows
+# got half what its share predicts): ask for this many times the rows the share would give.
 OVERSAMPLE = 2
 
 
@@ -43,10 +41,9 @@ def hnsw_ef_search(*, k: int, scope_rows: int, index_rows: int, min_scope: int) 
 
 # --- scope sizes -------------------------------------------------------------------------------
 
-# A scope's count of vectors of a model, as this process last counted it (10-20 ms at
-# 100,000 memories, so not at every search). Only its share of the index is drawn from it,
-# and shares move slowly: a count that fell behind a shrinking scope at worst brings fewer
-# than k rows, and the exact path answers.
+# A scope's count of vectors of a model, as this process last counted it (too slow to count
+# at every search). Only its share of the index is drawn from it, and shares move slowly: a
+# stale count at worst brings fewer than k rows, and the exact path answers.
 _SIZE_TTL_SECONDS = 300.0
 _sizes: dict[tuple, tuple[int, float]] = {}
 _sizes_lock = threading.Lock()
@@ -126,8 +123,8 @@ def nearest(*, team_id: int, kin_keys: list[int], model: str, query: np.ndarray,
     # No savepoint inside a caller's transaction (a write's duplicate check): two round trips
     # fewer, and an error here fails that transaction as it would anyway.
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-        # Local to the transaction: inside a caller's, it lasts to that one's end, which
-        # only changes the ef_search of later HNSW queries, and each sets its own.
+        # Transaction-local: inside a caller's it outlasts this query, but each HNSW query
+        # sets its own.
         cursor.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)])
         cursor.execute(hnsw_query_sql(dims=len(query), kin_keys=kin_keys),
                        hnsw_query_params(query=query, ef_search=ef_search, team_id=team_id, kin_keys=kin_keys,

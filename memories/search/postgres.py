@@ -1,6 +1,6 @@
 """Full-text candidates on PostgreSQL: BM25 over the stored tsvector, with the scope's
-statistics read from the counters the database keeps (MemoryTermCount) and the lexemes
-of query terms kept per process."""
+statistics from the trigger-kept counters (MemoryTermCount) and query lexemes cached per
+process."""
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -11,42 +11,30 @@ from kinsite import bm25
 from memories.models import MemoryTermCount
 from memories.search.candidates import SUBJECT_WEIGHT, TextMatch, hit_columns_sql
 
-# Common terms (PostgreSQL). A lexeme in at least this share of the scope's memories, and
-# in at least COMMON_TERM_MIN_DOCS of them, is common: it still scores, but it does not
-# pull memories in as candidates, as in Lucene's CommonTermsQuery. Scoring every memory
-# that says "prefers" or "team" was most of a search's time at 100,000 memories, and
-# such a memory lacking every rarer word of the query is rarely what the query is about.
-# A query made only of common terms (or whose rarer terms match nothing) takes its
-# candidates from its rarest common term. Below COMMON_TERM_MIN_DOCS matches, scoring
-# them all takes well under a millisecond, so small scopes are searched exhaustively.
-# The values were chosen on LoCoMo (bench/memory_relevance.py): at 0.5 % a person's name
-# is common in a 10,000-40,000-memory scope, which cut BM25 candidates five- to
-# fifteen-fold with recall@10 no lower than an exhaustive search on any question; a
-# floor of 100 documents instead of 250 lost a question, its topic word turned common.
+# Common terms: a lexeme in at least this share of the scope's memories (and in at least
+# COMMON_TERM_MIN_DOCS of them) still scores but does not pull memories in as candidates,
+# as in Lucene's CommonTermsQuery: scoring every memory that says "team" is most of a
+# search's cost, and one lacking every rarer word of the query is rarely what it is about.
+# A query of common terms only (or whose rarer terms match nothing) takes its candidates
+# from its rarest common term. Scopes too small to have common terms are searched
+# exhaustively, which is cheap there. Values chosen on LoCoMo (docs/benchmarks.md).
 COMMON_TERM_SHARE = 0.005
 COMMON_TERM_MIN_DOCS = 250
-# Bounds that keep a search's cost from growing with its scope (bench/memory_growth.py:
-# 1,000,000 memories in a team, one kin of 100,000). A lexeme in COMMON_TERM_MAX_DOCS
-# memories is common whatever the scope's size: by share alone, a scope of 1,000,000
-# would pull in up to 5,000 candidates per "rare" lexeme. It only bites above 200,000
-# memories in scope (0.5 % of them), so the LoCoMo-chosen thresholds stand below that.
+# A lexeme in this many memories is common whatever the scope's size, so a search's cost
+# stays bounded (by share alone, a scope of 1,000,000 would pull in up to 5,000 candidates
+# per "rare" lexeme). It only bites above 200,000 memories in scope.
 COMMON_TERM_MAX_DOCS = 1_000
-# A query of common terms only reads at most this many memories matching its rarest
-# common term (when that term has more): in a kin of 100,000, a person's name matched
-# 9,000, and reading and scoring them was most of the search (13 of 16 ms). Which ones
-# are read is the heap's order (about the oldest first): for one common word the BM25
-# order among thousands of matches is only their length, and ranking weighs recency
-# and importance over the 50 best of whichever are read.
+# A query of common terms only reads at most this many memories of its rarest common term,
+# in heap order (about the oldest first): for one common word BM25 orders thousands of
+# matches only by length, and ranking weighs recency and importance over those read.
 FALLBACK_CANDIDATES = 2_000
 
 
 @dataclass(frozen=True)
 class ScopeStats:
-    """What BM25 needs to know about a scope beyond the matching memories: its active
-    memory count and the document frequency of every common lexeme asked about (see
-    COMMON_TERM_SHARE). avg_length, the scope's average tsvector length from the same
-    counter row, is not used by the search (BM25 takes the candidates', see text_scores):
-    it shows the counters' total length, which the triggers keep, is right."""
+    """What BM25 needs about a scope beyond the matching memories: its active memory count
+    and the document frequency of every common lexeme asked about. avg_length is unused by
+    the search (BM25 takes the candidates'); it shows the trigger-kept total length is right."""
 
     count: int
     avg_length: float
@@ -54,12 +42,10 @@ class ScopeStats:
 
 
 def scope_stats(params: dict, include_shared: bool, lexemes: list[str] | None) -> ScopeStats:
-    """The scope's BM25 statistics (params as scope_sql makes them: team, and kin unless
-    the scope is the shared memories), with the common ones among `lexemes` (None: every
-    common lexeme of the scope, for benchmarks). Exact and current: the counters are
-    kept by triggers in the transaction of every memory write (migration 0012), and the
-    query reads one row per scope and lexeme, so its cost does not grow with the scope
-    (counting over the scope took 30 ms at 19,000 memories, 150 ms at 109,000)."""
+    """The scope's BM25 statistics (params as scope_sql makes them), with the common ones
+    among `lexemes` (None: every common lexeme of the scope, for benchmarks). Exact and
+    current: triggers keep the counters in every memory write's transaction (migration
+    0012), and one row per scope and lexeme is read, so the cost does not grow with the scope."""
     kin_keys = [0] if "kin" not in params else [params["kin"], 0] if include_shared else [params["kin"]]
     wanted = "" if lexemes is None else "AND lexeme = ANY(%(lexemes)s)"
     with connection.cursor() as cursor:
@@ -80,11 +66,9 @@ def common_threshold(count: int) -> int:
     return max(COMMON_TERM_MIN_DOCS, min(math.ceil(COMMON_TERM_SHARE * count), COMMON_TERM_MAX_DOCS))
 
 
-# The lexemes of query terms (PostgreSQL's 'english' configuration), kept per process:
-# a word's lexemes never change, and a message is mostly words seen before, so a search
-# seldom needs the round trip for them. Terms are \w+ runs (query_terms), so a term's
-# lexemes are the same alone as within the query text (checked on every LoCoMo turn and
-# question). Bounded: emptied when full.
+# Query terms' lexemes ('english' configuration), cached per process: a word's lexemes
+# never change, and most words of a message were seen before. Terms are \w+ runs
+# (query_terms), so a term's lexemes are the same alone as within the query. Emptied when full.
 LEXEME_CACHE_TERMS = 50_000
 _term_lexemes: dict[str, tuple[str, ...]] = {}
 
@@ -107,31 +91,22 @@ def _query_lexemes(terms: list[str]) -> list[str]:
 
 def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
                 include_shared: bool) -> list[TextMatch]:
-    """BM25 over the stored tsvector (migration 0002: content weight A, subject B; GIN
-    indexes per scope: migration 0003). ts_rank has no inverse document frequency, so
-    BM25 is computed here. Candidates are the memories matching the query's rare
-    lexemes (common ones only add to their scores; see COMMON_TERM_SHARE), so the
-    rare lexemes' document frequencies are counted exactly among the candidates; the
-    common lexemes' come from the scope's counters (scope_stats). Every read is bounded
-    whatever the scope's size: rare lexemes match fewer than COMMON_TERM_MAX_DOCS
-    memories each, and the common-only fallback reads at most FALLBACK_CANDIDATES.
+    """BM25 over the stored tsvector (content weight A, subject B: migration 0002); computed
+    here as ts_rank has no inverse document frequency. Candidates are the memories matching
+    the query's rare lexemes, whose document frequencies are counted among them; common
+    lexemes only add to their scores, with frequencies from the scope's counters. Every
+    read is bounded: a rare lexeme matches fewer than COMMON_TERM_MAX_DOCS memories, and
+    the common-only fallback reads at most FALLBACK_CANDIDATES.
 
-    BM25's collection is the memories that match the query, not the whole scope: N is
-    the sum of the query lexemes' document frequencies (at most the scope's count), and
-    the average length is the candidates'. Over the whole scope, every memory about
-    something else added ln(N) alike to every lexeme's idf, which flattened the gap
-    between a speaker's name (in half the conversation) and the rare word that finds the
-    answer, and the many short ones shortened the average length, which then penalised
-    every longer memory that matched: on LoCoMo with 50,000 unrelated memories per kin,
-    recall@10 fell from 0.632 to 0.577 (bench/README.md, "recall at scale"). With the
-    matching memories' statistics, memories that share no query word change nothing.
+    BM25's collection is the memories matching the query, not the whole scope: N is the sum
+    of the query lexemes' document frequencies, the average length the candidates'. So
+    memories sharing no query word change nothing; scope-wide statistics flattened the idf
+    gap and penalised longer memories, costing recall at scale (docs/concepts/memories.md).
 
-    Term frequency is 1 for a match in the content and SUBJECT_WEIGHT for a match in the
-    subject only. Memories are a sentence or two, so a term rarely repeats; testing `@@`
-    per query lexeme (C code) in one pass over the candidates, instead of unnesting every
-    candidate's tsvector, keeps a query that touches thousands of memories fast. The
-    per-lexeme columns are generated from the lexeme count only; lexemes travel as
-    parameters. Arithmetic is float8: numeric ln() was most of the cost."""
+    Term frequency is 1 for a content match, SUBJECT_WEIGHT for a subject-only one (memories
+    are short; a term rarely repeats), so one `@@` per lexeme over the candidates replaces
+    unnesting their tsvectors. Lexemes travel as parameters. Arithmetic is float8: numeric
+    ln() was most of the cost."""
     lexemes = _query_lexemes(terms)
     if not lexemes:
         return []  # only PostgreSQL stop words
@@ -182,9 +157,8 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
             SELECT c.id, length(c.search_tsv)::float8 AS length, {", ".join(tf_columns)}
             FROM ({matches}) c
         )""")
-    # The collection's statistics (see the docstring), one row computed once; the idf
-    # clamps N to each df, as the counters and the candidates are two reads and a write
-    # may commit between them.
+    # One row of collection statistics; the idf clamps N to each df, as the counters and
+    # the candidates are two reads a write may commit between.
     ctes.append(f"""frequencies AS MATERIALIZED (
             SELECT avg(length) AS avg_length, {", ".join(df_columns)} FROM candidates
         )""")
@@ -201,9 +175,8 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int,
             ORDER BY score DESC, s.id
             LIMIT %(limit)s
         )""")
-    # For ranking, updated_at travels as epoch seconds: loading timestamptz through
-    # Django's Python loader was about half the cost of reading the ~50 rows. The rest of
-    # each row is the hit's memory, should ranking keep it (memories.search.selectors._hit_memories).
+    # updated_at travels as epoch seconds (timestamptz through Django's loader was half the
+    # read's cost); the rest of the row is the hit's memory (selectors._hit_memories).
     sql = f"""
         WITH {", ".join(ctes)}
         SELECT best.id, best.score, m.importance, m.category, EXTRACT(EPOCH FROM m.updated_at)::float8, m.subject,

@@ -1,12 +1,8 @@
 """Memory search: the hybrid search behind the prompt, the recall tool, the API and the
-dashboard (memory_search), and the near-duplicate lookup of memory writes.
-
-Search reads the database once for candidates (full-text BM25: postgres.py or sqlite.py,
-plus the nearest of every vector in scope, vectors.py, when an embedder is configured,
-scanned on a scan thread meanwhile) and leaves the scoring to the pure functions of
-memories.ranking. It only reads memories; embedding the query is the embedding
-service's (memories.embeddings, an LLMCall row), and counting retrievals is the
-caller's (memories.services.memory_hits_mark_retrieved)."""
+dashboard (memory_search), and the near-duplicate lookup of memory writes. Candidates are
+read once (full-text BM25 from postgres.py or sqlite.py, plus the nearest vectors in scope
+from vectors.py, scanned meanwhile on a scan thread); scoring is memories.ranking's. Only
+reads: embedding the query is memories.embeddings', counting retrievals the caller's."""
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -47,9 +43,7 @@ def _text_scores(*, terms: list[str], team: Team, kin: Kin | None, include_share
 # How many full-text neighbours are compared term by term: a true duplicate shares
 # nearly all its terms, so it ranks at the top of its own BM25 search.
 DUPLICATE_TEXT_CANDIDATES = 20
-# How many of the vectors at DUPLICATE_MIN_COSINE or more are compared (the nearest),
-# among every vector of the scope (vectors.near_duplicates_start); the text candidates'
-# similarities come with them.
+# How many of the nearest vectors at DUPLICATE_MIN_COSINE or more are compared.
 DUPLICATE_VECTOR_CANDIDATES = 20
 
 
@@ -67,7 +61,6 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
         # its twin by (symbols only): only the same text is the same thing.
         return scope.filter(content__iexact=content.strip()).order_by("-updated_at", "-id").first()
 
-    # The vector scan runs on a scan thread while the full-text query runs on this one.
     pending = vectors.near_duplicates_start(
         team=team, kin=kin, embedding=embedding, min_cosine=ranking.DUPLICATE_MIN_COSINE,
         k=DUPLICATE_VECTOR_CANDIDATES,
@@ -98,9 +91,8 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
 def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None = None,
                   include_shared: bool = True, category: str = "") -> list[MemoryHit]:
     """Active memories ranked by hybrid relevance (memories.ranking): a kin's own plus,
-    with include_shared, the team-shared ones (kin=None: the shared ones only). Any
-    query text is safe; a query without a word yields []. Nothing is counted as
-    retrieved: the caller does that (memories.services.memory_hits_mark_retrieved)."""
+    with include_shared, the team-shared ones (kin=None: the shared ones only). Any query
+    text is safe; a query without a word yields []."""
     limit = settings.MEMORY_TOP_K if limit is None else limit
     terms = query_terms(query or "")
     if not terms or limit <= 0:
@@ -109,8 +101,7 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
     # more than `limit` candidates to choose from.
     candidate_limit = max(limit * 5, 50)
     embedding = memory_embed(team=team, kin=kin, text=" ".join(query.split())[:8000], purpose="memory_search")
-    # The candidate_limit nearest of every vector in scope, scanned on a scan thread while
-    # the full-text query runs on this one; then the text candidates' own similarities.
+    # result(also=...) adds the text candidates' own similarities to the nearest.
     pending = vectors.nearest_start(team=team, kin=kin, include_shared=include_shared, embedding=embedding,
                                     k=candidate_limit) if embedding is not None else None
     text_matches = {match.id: match for match in _text_scores(
@@ -145,8 +136,7 @@ def memory_search(*, team: Team, kin: Kin | None, query: str, limit: int | None 
 
 def _hit_memories(ids: list[int], matches: dict[int, TextMatch], *, kin: Kin | None) -> dict[int, Memory]:
     """The hits as model instances, from their candidate rows (only the hits: building one
-    per candidate was a third of a search's time). Their kin is the searching kin or none
-    (the scope), so it is set here rather than joined."""
+    per candidate is costly). Their kin is the searching kin or none, set here, not joined."""
     memories = {i: memory_from_row(matches[i].row) for i in ids}
     kin_field = Memory._meta.get_field("kin")
     for memory in memories.values():

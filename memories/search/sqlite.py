@@ -16,26 +16,17 @@ _MARK = "|"
 
 
 def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> list[TextMatch]:
-    """BM25 over memories_memory_fts, an external-content FTS5 table kept by triggers
-    (migration 0002), columns (subject, content). FTS5's own bm25() takes N and the
-    average length from the whole table (every kin and team), so memories about other
-    things, sharing no query word, changed the order of those that match; here the
-    collection is the memories in scope that match a term, as on PostgreSQL: N is the sum
-    of the terms' document frequencies, the average length the candidates'. Length is in
-    characters: FTS5 gives no token count outside its auxiliary functions, and BM25 only
-    uses it relative to the average (token counts did no better on LoCoMo).
+    """BM25 over memories_memory_fts (external-content FTS5 kept by triggers, migration 0002;
+    columns subject, content). FTS5's own bm25() takes N and the average length from the
+    whole table, so unrelated memories reordered the matching ones; here, as on PostgreSQL,
+    the collection is the memories in scope that match a term. Length is in characters:
+    FTS5 gives no token count outside its auxiliary functions, and BM25 uses it relatively.
 
-    Term frequency is as in FTS5's bm25(): how many times the term occurs in the content
-    (the porter stemmer's forms alike: "paint", "painted", "painting"), plus SUBJECT_WEIGHT
-    times in the subject. A memory about the thing asked often names it more than once;
-    counting each matching term once lost 0.011 of LoCoMo recall@10 (bench/README.md,
-    "SQLite: term frequency"). Counting takes highlight(), which reads and tokenizes the
-    memory: done for every candidate it nearly doubled the median search (LoCoMo, 2.6 to
-    4.6 ms). So two passes: every candidate is scored counting each term once (1 in the
-    content, SUBJECT_WEIGHT in the subject only; each term's matches per column read
-    once), and the RECOUNT_FACTOR x
-    `limit` best are scored again with the terms' occurrences counted. On LoCoMo (0, 10,000
-    and 50,000 unrelated memories per kin) this chose the same memories as counting them all."""
+    Term frequency is as in FTS5's bm25(): the term's occurrences in the content (stemmed
+    forms alike) plus SUBJECT_WEIGHT times those in the subject, as a memory about the thing
+    asked often names it twice. Counting takes highlight(), too slow for every candidate, so
+    two passes: every candidate is scored counting each term once, then the RECOUNT_FACTOR ×
+    `limit` best again with occurrences counted (on LoCoMo, the same memories as counting all)."""
     params = {**params, **bm25.PARAMS, "match": fts5_match_expression(terms), "subject_weight": SUBJECT_WEIGHT,
               "mark": _MARK, "recount": RECOUNT_FACTOR * limit, "limit": limit}
     once_columns, df_columns, idf_columns, occurrences = [], [], [], []
@@ -50,10 +41,9 @@ def text_scores(terms: list[str], scope_sql: str, params: dict, limit: int) -> l
         )
         df_columns.append(f"sum(tf{i} > 0) AS df{i}")
         idf_columns.append(f"{bm25.idf_sql('f.n', f'f.df{i}', vendor='sqlite')} AS idf{i}")
-        # highlight() only works on the cursor of the MATCH: CROSS JOIN keeps the FTS5 table
-        # the outer loop (with the memory outer, SQLite refused the function). The unary +
-        # keeps the id list a filter on the term's matches: as a constraint, FTS5 would look
-        # each id up in the term's postings, reading them again each time.
+        # highlight() only works on the cursor of the MATCH, so CROSS JOIN keeps the FTS5
+        # table the outer loop. The unary + keeps the id list a filter: as a constraint, FTS5
+        # would look each id up in the term's postings, reading them again each time.
         occurrences.append(
             f"SELECT {i} AS term, m.id, length(m.content) + length(m.subject) AS length,"
             f" {_occurrences(1, 'm.content')} + %(subject_weight)s * {_occurrences(0, 'm.subject')} AS tf"

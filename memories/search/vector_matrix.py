@@ -1,5 +1,5 @@
-"""A scope's vectors in memory (memories.search.vectors): the float32 matrix a process caches and
-patches, the bit codes of the duplicate check's prefilter, and one search's view of a scope."""
+"""A scope's vectors in memory (memories.search.vectors): the float32 matrix a process
+caches and patches, the bit codes of the duplicate check's prefilter, one search's view."""
 import math
 import threading
 from dataclasses import dataclass
@@ -109,22 +109,15 @@ class _Matrix:
 
 # --- bit codes: the duplicate check's prefilter ------------------------------------------------
 
-# The duplicate check wants only the vectors at DUPLICATE_MIN_COSINE (0.93) or more, so it
-# does not scan the float vectors: it compares CODE_BITS-bit codes (SimHash: the signs of
-# the vector's projections on fixed random directions) by Hamming distance, 32 bytes a
-# row instead of 1,536, then computes the exact cosine of the DUPLICATE_SHORTLIST rows
-# nearest by code, so what it returns is exact. A bit differs with probability angle/π
-# whatever the vectors look like (the signs of the raw coordinates would depend on the
-# embedding: a sparse or anisotropic one shares most signs), so a vector at cosine 0.93
-# (0.376 rad) differs in 30.6 of 256 bits on average (standard deviation 5.2), one at
-# cosine 0.2 in 112 (7.9). The shortlist alone missed a duplicate whenever more rows than
-# it holds were nearer by code: hundreds of near misses (templated memories, a log line a
-# day) crowd out one just above the threshold. So when the shortlist is all within
-# DUPLICATE_CODE_SIGMAS standard deviations of the distance of a row at the threshold
-# (52 bits at 0.93), every row within that distance is compared: a duplicate is then missed
-# with probability 5e-5 at exactly 0.93, 4e-7 at 0.95 (binomial tails). Four deviations,
-# not more: the bench's synthetic corpus (a small vocabulary) has thousands of rows within
-# five of most queries, and comparing them all cost more than the scan it saves.
+# The duplicate check wants only vectors at DUPLICATE_MIN_COSINE (0.93) or more, so it
+# compares CODE_BITS-bit SimHash codes (the signs of projections on fixed random directions,
+# so a bit differs with probability angle/π whatever the embedding) by Hamming distance,
+# then the exact cosines of the DUPLICATE_SHORTLIST rows nearest by code. Near misses
+# (templated memories, a log line a day) can crowd a duplicate out of the shortlist, so when
+# all of it is within DUPLICATE_CODE_SIGMAS deviations of a threshold row's expected
+# distance, every row within that is compared: a duplicate at 0.93 is then missed with
+# probability 5e-5. More deviations reach thousands of rows on a small vocabulary, costing
+# more than the scan saves.
 CODE_BITS = 256
 DUPLICATE_SHORTLIST = 256
 DUPLICATE_CODE_SIGMAS = 4
@@ -198,8 +191,8 @@ class _View:
         if matrix.dropped:
             cosines[~matrix.alive[: matrix.size]] = -np.inf
         cosines[self._hidden_rows()] = -np.inf
-        # The k smallest of the negated cosines, not the k largest: numpy's introselect with
-        # kth near the end was up to six times slower on tied values.
+        # The k smallest of the negated cosines: introselect with kth near the end is far
+        # slower on tied values.
         rows = np.argpartition(-cosines, k - 1)[:k] if k < len(cosines) else np.arange(len(cosines))
         rows = rows[cosines[rows] > -np.inf]
         return self._with_extra(matrix.ids[rows], cosines[rows], query)

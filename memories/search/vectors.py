@@ -1,29 +1,21 @@
 """The vector side of memory search: an exact nearest-neighbour scan over every stored
-vector of a scope (no recency cap), as a float32 numpy matrix. In the pgvector mode
-(memories.vectorindex) large scopes go through the HNSW index instead (search/hnsw.py),
-and every scope the index cannot serve well comes here.
+vector of a scope (no recency cap), as a float32 numpy matrix; in pgvector mode, scopes the
+HNSW index serves well go through it instead (search/hnsw.py). A scope is a kin's own
+memories or its team's shared ones. Only vectors of the query's model and dimensions are
+scanned: models are never mixed.
 
-A scope is a kin's own memories or its team's shared ones (a search with include_shared
-scans both). Only active memories whose vector the query's model made, with the query's
-dimensions, are scanned: models are never mixed.
+Each process keeps its matrices in an LRU capped by settings.MEMORY_VECTOR_CACHE_MB (a
+larger scope is read whole at every search). Before each use it reads the scopes'
+MemoryVectorScope rows (one query): database triggers bump a scope's generation in the
+transaction of every write that changes a memory's vector, model, status, kin or team,
+whatever wrote it, and stamp the memory's vector_seq with it (migrations 0006, 0008). A
+newer generation patches in the rows stamped since; a newer epoch (a memory left the
+scope) or another scope row (recreated) reloads. A reader whose transaction may see
+uncommitted rows uses them for its query but never caches them.
 
-Each process (web worker, Celery worker) keeps the matrices it has built in an LRU capped
-by settings.MEMORY_VECTOR_CACHE_MB (a scope larger than the cap is read whole at every
-search). Before each use it reads the scopes' rows of MemoryVectorScope (one query over
-a unique index): database triggers bump a scope's generation in the
-transaction of every write that changes a memory's vector (its MemoryVector row), model,
-status, kin or team, and stamp the memory's vector_seq with it (migrations 0006, 0008),
-whatever wrote it (services, bulk writes, the admin, raw SQL). A newer generation costs a fetch of the rows stamped
-after the cached one, patched into the matrix; a newer epoch (a memory left the scope)
-or another scope row (the scope was recreated) a reload. A reader whose own transaction
-has written (so it may see uncommitted rows that could roll back; on SQLite, any reader
-inside a transaction block) uses what it reads for its query but never stores it in the
-cache.
-
-Search scans the float vectors exactly (nearest_start); the duplicate check, which wants
-only near-identical vectors, compares bit codes first and exact cosines of a shortlist
-(near_duplicates_start; see vector_matrix.CODE_BITS). Both read the database on the caller's thread and
-leave the numpy work to a scan thread, so it overlaps the caller's full-text query."""
+Search scans exactly (nearest_start); the duplicate check shortlists by bit codes first
+(near_duplicates_start; vector_matrix.CODE_BITS). The database is read on the caller's
+thread and the numpy work runs on a scan thread, overlapping the caller's full-text query."""
 import os
 import threading
 from collections import OrderedDict
@@ -106,11 +98,9 @@ def _scope_params(team_id: int, kin_key: int) -> list:
 
 
 def _read_states(team_id: int, kin_keys: list[int], dims: int) -> tuple[dict[int, _State], int | None]:
-    """The scopes' MemoryVectorScope rows, in one query; on PostgreSQL the same query also
-    says whether a valid HNSW index of `dims`-sized vectors exists (pgvector mode,
-    memories.vectorindex) and how many rows it holds by the planner's count: (states,
-    that count, or None without such an index). So the exact path costs no extra query
-    for asking, on any database."""
+    """The scopes' MemoryVectorScope rows and, on PostgreSQL in the same query, the row
+    count of a valid HNSW index of `dims`-sized vectors (None without one): (states, count).
+    So asking costs the exact path no extra query."""
     if connection.vendor == "postgresql":
         # A transaction that wrote nothing has no transaction id, and sees committed rows only.
         committed = "pg_current_xact_id_if_assigned() IS NULL"
@@ -218,9 +208,8 @@ def _view(matrix: _Matrix, team_id: int, kin_key: int, model: str, state: _State
 
 def _views(team_id: int, kin_keys: list[int], model: str, dims: int,
            states: dict[int, _State]) -> list[_View]:
-    """The scopes' views, given their states (_read_states): nothing more to read for the ones cached
-    and current, the changed rows of the ones cached and behind, and one read of every
-    vector for the others. Every read is on the caller's thread and connection (a test's
+    """The scopes' views: the cached and current as they are, the cached and behind patched,
+    the others read whole. Every read is on the caller's thread and connection (a test's
     transaction, or a writer's own rows, is only visible there)."""
     keys = {kin_key: _cache_key(team_id, kin_key, model, dims) for kin_key in kin_keys}
     cached = {kin_key: _cached(keys[kin_key], states[kin_key]) for kin_key in kin_keys}
@@ -240,10 +229,8 @@ def _views(team_id: int, kin_keys: list[int], model: str, dims: int,
 # --- the search API ---------------------------------------------------------------------------
 
 # The numpy work of a search runs on these threads while the caller's thread runs the
-# full-text query: BLAS releases the GIL, and so does psycopg while PostgreSQL works, so
-# the two overlap (at 100,000 memories each takes several milliseconds). Only numpy runs
-# here, never a database read. Created on first use, and again in a forked child
-# (threads do not survive a fork, and the locks they held would stay held).
+# full-text query (BLAS and psycopg both release the GIL); never a database read here.
+# Created on first use, and anew in a forked child: threads do not survive a fork.
 _SCAN_THREADS = 4
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
@@ -345,10 +332,9 @@ def _through_index(team: Team, kin_keys: list[int], embedding: Embedding, query:
 def nearest_start(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Embedding,
                   k: int, threaded: bool = True) -> PendingSimilarities:
     """Start finding the `k` active memories of the scope nearest to `embedding` (a kin's
-    own plus, with include_shared, the team-shared ones; kin=None: the shared ones only),
-    among every vector of the scope the same model made. The scope's rows are read now,
-    on this thread; the scan runs on a scan thread until result() (cosine by memory id).
-    In pgvector mode the HNSW index answers instead, now, where it serves the scope."""
+    own plus, with include_shared, the shared ones; kin=None: the shared ones only). The
+    scope's rows are read now; the scan runs on a scan thread until result() (cosine by
+    memory id). In pgvector mode the HNSW index answers now instead, where it serves the scope."""
     query = _query_vector(embedding)
     if query is None or k <= 0:
         return PendingSimilarities([])
@@ -362,11 +348,10 @@ def nearest_start(*, team: Team, kin: Kin | None, include_shared: bool, embeddin
 
 def near_duplicates_start(*, team: Team, kin: Kin | None, embedding: Embedding, min_cosine: float,
                           k: int) -> PendingSimilarities:
-    """Start finding up to `k` active memories of the scope (the kin's own; kin=None: the
-    team-shared ones) whose vector is at `min_cosine` or more from `embedding`, the nearest
-    first: the duplicate check. Found through bit codes (see vector_matrix.CODE_BITS), cosines exact; in
-    pgvector mode through the HNSW index where it serves the scope (its k nearest, those at
-    min_cosine or more kept), so no process holds a large scope's vectors for it."""
+    """Start the duplicate check: up to `k` active memories of the scope (the kin's own;
+    kin=None: the shared ones) at `min_cosine` or more from `embedding`, nearest first. Bit
+    codes shortlist and cosines are exact; in pgvector mode the HNSW index answers where it
+    serves the scope, so no process holds a large scope's vectors for it."""
     query = _query_vector(embedding)
     if query is None or k <= 0:
         return PendingSimilarities([])
@@ -381,8 +366,6 @@ def near_duplicates_start(*, team: Team, kin: Kin | None, embedding: Embedding, 
 
 def nearest(*, team: Team, kin: Kin | None, include_shared: bool, embedding: Embedding, k: int,
             also: set[int] | frozenset[int] = frozenset()) -> dict[int, float]:
-    """nearest_start(...).result(also), on this thread (there is nothing to overlap): the k
-    nearest's similarities by memory id, plus those of the memories in `also` that have a
-    vector in scope."""
+    """nearest_start(...).result(also), on this thread: there is nothing to overlap."""
     return nearest_start(team=team, kin=kin, include_shared=include_shared, embedding=embedding,
                          k=k, threaded=False).result(also)

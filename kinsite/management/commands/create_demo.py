@@ -1,18 +1,8 @@
-"""python manage.py create_demo: demo data that gives every dashboard page something to
-show. A team, user, kin, session and messages; a demo workflow (run once) that the session
-is attached to, so its prompt carries CURRENT CANVAS; memories; a chat turn and a
-/checkpoint (so an introspection run) answered by the configured model (the offline
-provider when none is); facts, two of them folded into two experience versions by two
-consolidation runs and two left pending.
-
-Everything is written through the services, as the API and the dashboard write it. The
-consolidations are real runs (prompt, validation, apply) whose answers are the demo's
-own, given as the run's model the way `consolidate --llm` gives one.
-
-Idempotent: a second run reuses the rows and creates nothing new but an API token (the
-previous demo token is revoked).
-Before the last line it lists the dashboard pages worth opening; the last line is one
-JSON object with a freshly issued API token, for scripts."""
+"""python manage.py create_demo: demo data, written through the services, that gives every
+dashboard page something to show. The consolidations are real runs whose answers are the
+demo's own, given as `consolidate --llm` gives one. Idempotent: a second run creates only a
+new API token (revoking the previous one). The last line of output is one JSON object with
+that token, for scripts."""
 import contextlib
 import json
 
@@ -79,11 +69,9 @@ DEMO_MEMORIES = [
     ("knowledge", "Quarterly report", 4, "The quarterly report is built from the cleaned customer CSV exports."),
 ]
 
-# Learnings from the demo chat, recorded as the kin's record_learning tool records them:
-# source "tool", source_ref the message they came from (given here by its external_id).
-# Each consolidation round folds its facts into a new version of the experience document
-# (a real consolidation run, answered with the document below); the facts after the last
-# round stay pending, for the facts page and the next "Consolidate now".
+# Learnings from the demo chat, recorded as the record_learning tool records them (source_ref:
+# the message's external_id). Each round folds its facts into a new experience version; the
+# facts after the last round stay pending, for the facts page and "Consolidate now".
 DEMO_CONSOLIDATIONS = [
     {
         "facts": [
