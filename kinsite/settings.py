@@ -6,7 +6,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from kinsite.env import env_bool, env_float, env_int, env_list, env_str
+from kinsite.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 from kinsite.netguard import allow_list_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -235,6 +235,17 @@ LLM_BASE_URL = env_str("LLM_BASE_URL", "")
 LLM_API_KEY = env_str("LLM_API_KEY", "")
 LLM_MODEL = env_str("LLM_MODEL", "gpt-4o-mini")
 LLM_EMBEDDING_MODEL = env_str("LLM_EMBEDDING_MODEL", "")
+# Where memory vectors come from: the in-process model (local), the endpoint's
+# LLM_EMBEDDING_MODEL (endpoint), or nowhere (off: search by words alone).
+EMBEDDINGS = env_choice("EMBEDDINGS", "local", ("local", "endpoint", "off"))
+if EMBEDDINGS == "local":
+    from kinsite.llm.local_embedder import INSTALL_HINT, model_problem
+
+    if (_embedder_problem := model_problem()) is not None:
+        raise ImproperlyConfigured(
+            f"EMBEDDINGS=local needs the local embedding model, but {_embedder_problem}. Install it with "
+            f"{INSTALL_HINT}, or set EMBEDDINGS=off (words only) or EMBEDDINGS=endpoint."
+        )
 LLM_TIMEOUT_SECONDS = env_float("LLM_TIMEOUT_SECONDS", 60.0)
 LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 3)
 LLM_RETRY_BACKOFF_SECONDS = env_float("LLM_RETRY_BACKOFF_SECONDS", 1.0)

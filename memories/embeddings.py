@@ -1,15 +1,22 @@
-"""The embedding service: a memory's or a query's vector from the default provider (a
-network call, logged as an LLMCall row by the gateway). Not in services.py: search embeds
-its query and services read through search, so it would close an import loop."""
+"""The embedding service: the vectors of memories and queries, from the source EMBEDDINGS
+names: the in-process model (local, kinsite.llm.local_embedder), the endpoint's
+LLM_EMBEDDING_MODEL (endpoint: a network call, logged as an LLMCall row by the gateway), or
+none (off). Not in services.py: search embeds its query and services read through search,
+so it would close an import loop."""
 import logging
 from dataclasses import dataclass
 
+from django.conf import settings
+
+from kinsite.llm import local_embedder
 from kinsite.llm.gateway import llm_embed
 from kinsite.llm.providers import get_default_provider
 from kinsite.models import Kin, Team
 from memories import ranking
 
 logger = logging.getLogger(__name__)
+
+LOCAL, ENDPOINT, OFF = "local", "endpoint", "off"
 
 
 @dataclass(frozen=True)
@@ -22,30 +29,39 @@ class Embedding:
 
 
 def memory_embed(*, team: Team, kin: Kin | None, text: str, purpose: str) -> Embedding | None:
-    """The embedding of `text` from the default provider, or None when it has no
-    embedder or the call fails (logged: a memory is never lost to its vector)."""
-    provider = get_default_provider()
-    if not getattr(provider, "supports_embeddings", False) or not text.strip():
+    """The embedding of `text`, or None when there is no embedder or it fails (logged: a
+    memory is never lost to its vector)."""
+    model = embedding_model_current()
+    if not model or not text.strip():
         return None
     try:
-        [vector] = llm_embed(purpose=purpose, texts=[text], team=team, kin=kin, provider=provider)
+        [vector] = embed_texts([text], team=team, kin=kin, purpose=purpose)
     except Exception:
         logger.warning("Embedding for %s failed; going on without a vector", purpose, exc_info=True)
         return None
     if not vector:
         return None
-    return Embedding(vector=tuple(float(x) for x in vector), model=_embedding_model_name(provider))
+    return Embedding(vector=tuple(vector), model=model)
+
+
+def embed_texts(texts: list[str], *, team: Team, kin: Kin | None = None, purpose: str) -> list[list[float]]:
+    """The vectors of `texts`, in order, from the current source (there must be one:
+    embedding_model_current() is not ""). Raises what the embedder raises."""
+    if settings.EMBEDDINGS == LOCAL:
+        return local_embedder.local_embedder().embed(texts).tolist()
+    return [[float(x) for x in vector] for vector in
+            llm_embed(purpose=purpose, texts=texts, team=team, kin=kin, provider=get_default_provider())]
 
 
 def embedding_model_current() -> str:
-    """The model that makes new vectors, "" when the default provider has no embedder: the
-    model search compares with and re-embedding brings every active memory to."""
+    """The model that makes new vectors, "" when there is none: the model search compares
+    with and re-embedding brings every active memory to."""
+    if settings.EMBEDDINGS == OFF:
+        return ""
+    if settings.EMBEDDINGS == LOCAL:
+        return local_embedder.MODEL_NAME
     provider = get_default_provider()
     if not getattr(provider, "supports_embeddings", False):
         return ""
-    return _embedding_model_name(provider)
-
-
-def _embedding_model_name(provider) -> str:
     # Vectors of different models are not comparable; rows record which model made theirs.
     return (getattr(provider, "embedding_model", "") or f"{provider.name}-embedding")[:200]

@@ -21,11 +21,9 @@ from django.utils import timezone
 
 from kinsite.cachelock import cache_lock
 from kinsite.jobs import JobKind, cache_key_free, job_claim, job_send_on_commit
-from kinsite.llm.gateway import llm_embed
-from kinsite.llm.providers import get_default_provider
 from kinsite.models import Kin, Team
 from memories import ranking, selectors, vectorindex
-from memories.embeddings import embedding_model_current
+from memories.embeddings import embed_texts, embedding_model_current
 from memories.models import EmbeddingRun, Memory
 from memories.services import memory_vector_set
 
@@ -125,7 +123,6 @@ def reembed_run(*, run_id: int) -> EmbeddingRun | None:
 def _work(run: EmbeddingRun, *, deadline: float) -> bool:
     """Embed and write batches until none is left (True) or the deadline passes (False; at
     least one batch per slice). Raises when the model changed or an embedding call fails."""
-    provider = get_default_provider()
     while True:
         current = embedding_model_current()
         if current != run.model:
@@ -141,8 +138,7 @@ def _work(run: EmbeddingRun, *, deadline: float) -> bool:
         vectors = {}
         for team_id, rows in groupby(sorted(batch, key=lambda row: (row[1], row[0])), key=lambda row: row[1]):
             rows = list(rows)
-            embedded = llm_embed(purpose=PURPOSE, texts=[content for _, _, content in rows],
-                                 team=teams[team_id], provider=provider)
+            embedded = embed_texts([content for _, _, content in rows], team=teams[team_id], purpose=PURPOSE)
             if len(embedded) != len(rows):
                 raise RuntimeError(f"The embedding endpoint returned {len(embedded)} vectors for {len(rows)} texts.")
             for (memory_id, _, content), vector in zip(rows, embedded, strict=True):

@@ -64,6 +64,13 @@ def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def endpoint_embeddings(settings):
+    # The suite's fake embedders (ScriptedProvider, tests/memories/embedders.py) stand where an
+    # endpoint would; the local model's own tests set EMBEDDINGS="local" (tests/memories/test_local_embedder.py).
+    settings.EMBEDDINGS = "endpoint"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def static_files_listed_once() -> Iterator[None]:
     """Every test client loads the middleware afresh, and WhiteNoise's then lists every static

@@ -57,6 +57,23 @@ def test_memory_add_records_the_source_and_the_change_and_merges_a_duplicate(mcp
     assert "Duplicate of an existing memory" in changes[1].reason
 
 
+def test_memory_search_finds_by_meaning_with_the_local_embedder(settings, mcp_url, mcp_token, mcp_kin):
+    from memories import services
+
+    settings.EMBEDDINGS = "local"
+    actor = services.Actor(label="user:ada")
+    wanted = services.memory_add(team=mcp_kin.team, kin=mcp_kin, actor=actor,
+                                 content="The customer prefers e-mail over phone calls.").memory
+    services.memory_add(team=mcp_kin.team, kin=mcp_kin, content="The staging server runs in Frankfurt.", actor=actor)
+
+    # No word in common with the memory.
+    result = call(mcp_url, mcp_token, "memory_search",
+                  {"kin_id": mcp_kin.pk, "query": "How should we reach the client?"})
+
+    assert result.is_error is False, result
+    assert result.structured_content["results"][0]["id"] == wanted.pk
+
+
 def test_memory_add_shared_belongs_to_the_team(mcp_url, mcp_token, mcp_kin):
     result = call(mcp_url, mcp_token, "memory_add",
                   {"kin_id": mcp_kin.pk, "content": "The office closes at six.", "category": "fact", "shared": True})

@@ -8,10 +8,10 @@ import tomllib
 from tests.support.docs import REPO, docs_page
 
 # kinsite/settings.py reads the environment through kinsite/env.py's typed readers.
-SETTINGS_READ = re.compile(r"\benv_(?:str|bool|int|float|list)\(\s*[\"']([A-Z][A-Z0-9_]*)[\"']")
-# Elsewhere in Python: os.environ.get("X"), os.getenv("X"), os.environ["X"].
+SETTINGS_READ = re.compile(r"\benv_(?:str|bool|int|float|list|choice)\(\s*[\"']([A-Z][A-Z0-9_]*)[\"']")
+# Elsewhere in Python: os.environ.get("X"), os.environ.setdefault("X", ...), os.getenv("X"), os.environ["X"].
 PYTHON_READ = re.compile(
-    r"\b(?:environ\.get|getenv)\(\s*[\"']([A-Z][A-Z0-9_]*)[\"']"
+    r"\b(?:environ\.get|environ\.setdefault|getenv)\(\s*[\"']([A-Z][A-Z0-9_]*)[\"']"
     r"|\benviron\[\s*[\"']([A-Z][A-Z0-9_]*)[\"']\s*\]"
 )
 # Shell and Procfile: ${X:-default} or ${X}.

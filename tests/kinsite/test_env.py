@@ -47,6 +47,7 @@ def test_a_mistyped_number_stops_with_its_name(monkeypatch):
 @pytest.mark.parametrize(("variable", "raw", "says"), [
     ("SESSION_COOKIE_SECURE", "ture", "is not a yes/no value"),
     ("TURN_AUTO_RETRIES", "five", "is not a whole number"),
+    ("EMBEDDINGS", "locale", "is not one of: local, endpoint, off"),
 ])
 def test_a_service_with_a_mistyped_setting_does_not_start(tmp_path, variable, raw, says):
     """At start (manage.py check, as the Procfile's processes load the same settings), not

@@ -19,7 +19,8 @@ class Command(BaseCommand):
     def handle(self, *args, start, **options):
         model = embedding_model_current()
         if not model:
-            raise CommandError("No embedding model is configured (LLM_EMBEDDING_MODEL): nothing to re-embed.")
+            raise CommandError("Embeddings are off (EMBEDDINGS=off, or EMBEDDINGS=endpoint without "
+                               "LLM_EMBEDDING_MODEL): nothing to re-embed.")
         missing = memories_to_reembed(model).count()
         if start and missing and reembed_run_active(model) is None:
             run = reembed_start(model=model)
