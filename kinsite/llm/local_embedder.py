@@ -47,7 +47,7 @@ def model_problem() -> str | None:
 
 class LocalEmbedder:
     """Unit vectors (float32, 384 dimensions) for texts. Thread-safe: embed() only reads
-    the weights, and the tokenizer is used under a lock (its padding state is shared)."""
+    the weights, and the tokenizer is used under a lock."""
 
     def __init__(self, folder: Path):
         from safetensors.numpy import load_file
@@ -92,9 +92,10 @@ class LocalEmbedder:
         pads little."""
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
+        # One text at a time: encode_batch would start the tokenizer's own thread pool, which
+        # a process forked later (a prefork worker) cannot use safely.
         with self._lock:
-            encodings = self.tokenizer.encode_batch(list(texts))
-        ids = [e.ids for e in encodings]
+            ids = [self.tokenizer.encode(text).ids for text in texts]
         out = np.empty((len(ids), self.dimensions), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         for start in range(0, len(order), 32):
