@@ -8,11 +8,15 @@ COMMON_TERM_MIN_DOCS) against an exhaustive baseline. See bench/README.md.
     ... bench/memory_relevance.py --filler 0,10000,50000   # recall as the kins grow (by_filler in the JSON)
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/kinsite python bench/memory_relevance.py
     ... bench/memory_relevance.py --embeddings http://127.0.0.1:8765/v1   # + MiniLM: hybrid vs lexical
+    ... bench/memory_relevance.py --embeddings local --filler 0,10000 --replay   # the in-process model
 
-With --embeddings (an OpenAI-compatible endpoint, e.g. bench/embeddings_server.py) the
-memories are then embedded through Kinsite's re-embedding job (memories.reembed, the real
-client and vector storage) and every question is asked again under each fusion of
-FUSIONS (memories.ranking.fuse swapped, as the common-term constants are).
+With --embeddings (local: the in-process model, EMBEDDINGS=local; or an OpenAI-compatible
+endpoint, e.g. bench/embeddings_server.py) the memories are then embedded, at each filler
+size, through Kinsite's re-embedding job (memories.reembed, the real embedder and vector
+storage) and every question is asked again under each fusion of FUSIONS
+(memories.ranking.fuse swapped, as the common-term constants are). With --replay it is asked
+once, and each fusion (also those of REPLAY_FUSIONS) is scored by ranking the candidates
+that search recorded; --candidates-out / --replay-from keep them for later.
 """
 import argparse
 import os
@@ -235,21 +239,26 @@ def fusion_weighted(*, text_weight: float = 0.5, vector_weight: float = 0.5, flo
     return fuse
 
 
-def fusion_relative(*, text_weight: float = 0.5, vector_weight: float = 0.5, floor: float = 0.2):
+def fusion_relative(*, text_weight: float = 0.5, vector_weight: float = 0.5, floor: float = 0.2,
+                    min_spread: float = 0.0, text_only_admits: float | None = None):
     """Both signals scaled by the best candidate's: BM25 / best BM25 and (cosine - floor) /
-    (best cosine - floor), then their weighted mean."""
+    max(best cosine - floor, min_spread), then their weighted mean (memories.ranking.fuse is
+    this with 0.5 / 0.5 / 0.2 / 0.3). text_only_admits: a candidate without a text match gets
+    a vector signal only at this cosine or above (None: always)."""
     from memories.ranking import Relevance
 
     def fuse(candidates):
         best_text = max((c.text_score for c in candidates), default=0.0)
         best_cosine = max((c.vector_similarity for c in candidates if c.vector_similarity is not None), default=0.0)
+        spread = max(best_cosine - floor, min_spread)
         fused = {}
         for c in candidates:
             text = c.text_score / best_text if best_text > 0 and c.text_score > 0 else 0.0
             weights, value, vector = text_weight, text_weight * text, 0.0
             if c.vector_similarity is not None:
-                if best_cosine > floor:
-                    vector = max((c.vector_similarity - floor) / (best_cosine - floor), 0.0)
+                admitted = text > 0 or text_only_admits is None or c.vector_similarity >= text_only_admits
+                if spread > 0 and admitted:
+                    vector = max((c.vector_similarity - floor) / spread, 0.0)
                 weights += vector_weight
                 value += vector_weight * vector
             fused[c.id] = Relevance(value=value / weights, text=text, vector=vector)
@@ -257,9 +266,135 @@ def fusion_relative(*, text_weight: float = 0.5, vector_weight: float = 0.5, flo
     return fuse
 
 
-def fusion_rrf(*, k: int = 60, floor: float = 0.2):
-    """Reciprocal-rank fusion: 1 / (k + rank) in the BM25 list plus 1 / (k + rank) in the
-    cosine list (the candidates at `floor` or above), scaled so that first in both is 1."""
+def fusion_standout(*, text_weight: float = 0.5, vector_weight: float = 0.5, floor: float = 0.2,
+                    min_spread: float = 0.3, reference: float = 0.3):
+    """The shipped fusion with the vector weight scaled by how far the best cosine stands out
+    from the candidates' median cosine: vector_weight × min((best - median) / reference, 1). A
+    question whose nearest memories are all about equally near gets little from the vectors."""
+    from memories.ranking import Relevance
+
+    def fuse(candidates):
+        best_text = max((c.text_score for c in candidates), default=0.0)
+        cosines = [c.vector_similarity for c in candidates if c.vector_similarity is not None]
+        best_cosine = max(cosines, default=0.0)
+        spread = max(best_cosine - floor, min_spread)
+        confidence = min(max((best_cosine - statistics.median(cosines)) / reference, 0.0), 1.0) if cosines else 0.0
+        weight = vector_weight * confidence
+        fused = {}
+        for c in candidates:
+            text = c.text_score / best_text if best_text > 0 and c.text_score > 0 else 0.0
+            weights, value, vector = text_weight, text_weight * text, 0.0
+            if c.vector_similarity is not None:
+                vector = max((c.vector_similarity - floor) / spread, 0.0)
+                weights += weight
+                value += weight * vector
+            fused[c.id] = Relevance(value=value / weights, text=text, vector=vector)
+        return fused
+    return fuse
+
+
+def fusion_minmax(*, text_weight: float = 0.5, vector_weight: float = 0.5):
+    """Min-max scaling of each signal over the candidates (Weaviate's relative score fusion):
+    (score - lowest) / (highest - lowest), BM25 over the text matches, cosine over all; then
+    the weighted mean. No floor: the worst candidate is 0 whatever its cosine."""
+    from memories.ranking import Relevance
+
+    def scaled(value, low, high):
+        return (value - low) / (high - low) if high > low else 1.0
+
+    def fuse(candidates):
+        texts = [c.text_score for c in candidates if c.text_score > 0]
+        cosines = [c.vector_similarity for c in candidates if c.vector_similarity is not None]
+        fused = {}
+        for c in candidates:
+            text = scaled(c.text_score, min(texts), max(texts)) if c.text_score > 0 else 0.0
+            weights, value, vector = text_weight, text_weight * text, 0.0
+            if c.vector_similarity is not None:
+                vector = scaled(c.vector_similarity, min(cosines), max(cosines))
+                weights += vector_weight
+                value += vector_weight * vector
+            fused[c.id] = Relevance(value=value / weights, text=text, vector=vector)
+        return fused
+    return fuse
+
+
+def fusion_split(*, text: str = "best", vector: str = "shipped", text_weight: float = 0.5,
+                 vector_weight: float = 0.5, floor: float = 0.2, min_spread: float = 0.3, text_low_cap: float = 1.0):
+    """Which half of min-max scaling does the work. text: "best" (BM25 / best BM25, shipped) or
+    "minmax" ((BM25 - lowest) / (best - lowest), over the text matches). vector: "shipped"
+    ((cosine - floor) / max(best - floor, min_spread)) or "minmax" over every candidate, or
+    "minmax floored": min-max from min(lowest cosine, floor), by at least min_spread, and 0 at
+    or below the floor (so unrelated nearest neighbours still add nothing). text_low_cap: with
+    "minmax", the lowest BM25 is taken as at most text_low_cap × the best (0.5: of two close text
+    matches the weaker is not sent to 0 in a small kin)."""
+    from memories.ranking import Relevance
+
+    def fuse(candidates):
+        texts = [c.text_score for c in candidates if c.text_score > 0]
+        cosines = [c.vector_similarity for c in candidates if c.vector_similarity is not None]
+        best_text = max(texts, default=0.0)
+        low_text = min(min(texts, default=0.0), text_low_cap * best_text)
+        best_cos, low_cos = max(cosines, default=0.0), min(cosines, default=0.0)
+        fused = {}
+        for c in candidates:
+            if c.text_score <= 0:
+                t = 0.0
+            elif text == "minmax":
+                t = (c.text_score - low_text) / (best_text - low_text) if best_text > low_text else 1.0
+            else:
+                t = c.text_score / best_text
+            weights, value, v = text_weight, text_weight * t, 0.0
+            if c.vector_similarity is not None:
+                if vector == "minmax":
+                    v = (c.vector_similarity - low_cos) / (best_cos - low_cos) if best_cos > low_cos else 1.0
+                elif vector == "minmax floored":
+                    low = min(low_cos, floor)
+                    v = ((c.vector_similarity - low) / max(best_cos - low, min_spread)
+                         if c.vector_similarity > floor else 0.0)
+                else:
+                    v = max((c.vector_similarity - floor) / max(best_cos - floor, min_spread), 0.0)
+                weights += vector_weight
+                value += vector_weight * v
+            fused[c.id] = Relevance(value=value / weights, text=t, vector=v)
+        return fused
+    return fuse
+
+
+def fusion_dbsf(*, text_weight: float = 0.5, vector_weight: float = 0.5, sigmas: float = 3.0):
+    """Distribution-based score fusion (Qdrant's DBSF): each signal scaled from mean - 3σ to
+    mean + 3σ of its own scores over the candidates, clipped to 0..1, then the weighted mean.
+    A non-match in the words is 0."""
+    from memories.ranking import Relevance
+
+    def bounds(values):
+        if len(values) < 2:
+            return (0.0, max(values, default=1.0))
+        mean, deviation = statistics.fmean(values), statistics.pstdev(values)
+        return (mean - sigmas * deviation, mean + sigmas * deviation) if deviation > 0 else (0.0, mean)
+
+    def scaled(value, low_high):
+        low, high = low_high
+        return min(max((value - low) / (high - low), 0.0), 1.0) if high > low else 1.0
+
+    def fuse(candidates):
+        text_bounds = bounds([c.text_score for c in candidates if c.text_score > 0])
+        vector_bounds = bounds([c.vector_similarity for c in candidates if c.vector_similarity is not None])
+        fused = {}
+        for c in candidates:
+            text = scaled(c.text_score, text_bounds) if c.text_score > 0 else 0.0
+            weights, value, vector = text_weight, text_weight * text, 0.0
+            if c.vector_similarity is not None:
+                vector = scaled(c.vector_similarity, vector_bounds)
+                weights += vector_weight
+                value += vector_weight * vector
+            fused[c.id] = Relevance(value=value / weights, text=text, vector=vector)
+        return fused
+    return fuse
+
+
+def fusion_rrf(*, k: int = 60, floor: float = 0.2, vector_weight: float = 1.0):
+    """Reciprocal-rank fusion: 1 / (k + rank) in the BM25 list plus vector_weight / (k + rank)
+    in the cosine list (the candidates at `floor` or above), scaled so that first in both is 1."""
     from memories.ranking import Relevance
 
     def fuse(candidates):
@@ -267,10 +402,23 @@ def fusion_rrf(*, k: int = 60, floor: float = 0.2):
         by_vector = sorted((c for c in candidates if c.vector_similarity is not None and c.vector_similarity >= floor),
                            key=lambda c: (-c.vector_similarity, c.id))
         text = {c.id: 1 / (k + rank) for rank, c in enumerate(by_text, start=1)}
-        vector = {c.id: 1 / (k + rank) for rank, c in enumerate(by_vector, start=1)}
-        best = 2 / (k + 1)
+        vector = {c.id: vector_weight / (k + rank) for rank, c in enumerate(by_vector, start=1)}
+        best = (1 + vector_weight) / (k + 1)
         return {c.id: Relevance(value=(text.get(c.id, 0.0) + vector.get(c.id, 0.0)) / best,
                                 text=text.get(c.id, 0.0) * (k + 1), vector=vector.get(c.id, 0.0) * (k + 1))
+                for c in candidates}
+    return fuse
+
+
+def fusion_text_only():
+    """The words alone, on the hybrid candidates: a check of the replay (it must equal the
+    lexical run, whose candidates are the same BM25 list without the vectors' additions)."""
+    from memories.ranking import Relevance
+
+    def fuse(candidates):
+        best_text = max((c.text_score for c in candidates), default=0.0)
+        return {c.id: Relevance(value=c.text_score / best_text if best_text > 0 else 0.0,
+                                text=c.text_score / best_text if best_text > 0 else 0.0, vector=0.0)
                 for c in candidates}
     return fuse
 
@@ -302,6 +450,37 @@ FUSIONS = {
     "rrf k=20 floor 0.2": lambda: fusion_rrf(k=20, floor=0.2),
     "rrf k=10 floor 0.2": lambda: fusion_rrf(k=10, floor=0.2),
 }
+# More variants, scored by --replay (cheap there: no search is run again).
+REPLAY_FUSIONS = {
+    "words only (replayed)": fusion_text_only,
+    **{f"relative {tw:g}/{1 - tw:g} floor {floor:g} spread 0.3": (
+        lambda tw=tw, floor=floor: fusion_relative(text_weight=tw, vector_weight=round(1 - tw, 2), floor=floor,
+                                                   min_spread=0.3))
+       for tw in (0.5, 0.6, 0.7, 0.8) for floor in (0.2, 0.3, 0.4)},
+    **{f"relative 0.5/0.5 floor 0.2 spread {spread:g}": (
+        lambda spread=spread: fusion_relative(floor=0.2, min_spread=spread)) for spread in (0.4, 0.5, 0.6)},
+    **{f"relative 0.5/0.5 floor 0.2 spread 0.3 no-text needs ≥{admit:g}": (
+        lambda admit=admit: fusion_relative(floor=0.2, min_spread=0.3, text_only_admits=admit))
+       for admit in (0.4, 0.5, 0.6, 1.01)},
+    **{f"standout 0.5/0.5 floor 0.2 spread 0.3 ref {ref:g}": (lambda ref=ref: fusion_standout(reference=ref))
+       for ref in (0.2, 0.3, 0.4)},
+    "minmax 0.5/0.5": fusion_minmax,
+    "minmax 0.6/0.4": lambda: fusion_minmax(text_weight=0.6, vector_weight=0.4),
+    "text minmax + vector shipped": lambda: fusion_split(text="minmax"),
+    "text minmax (low ≤ best/2) + vector shipped": lambda: fusion_split(text="minmax", text_low_cap=0.5),
+    "text best + vector minmax": lambda: fusion_split(vector="minmax"),
+    "text minmax + vector minmax floored 0.2": lambda: fusion_split(text="minmax", vector="minmax floored"),
+    "text minmax + vector shipped floor 0.1": lambda: fusion_split(text="minmax", floor=0.1),
+    "text minmax + vector shipped floor 0.3": lambda: fusion_split(text="minmax", floor=0.3),
+    "text minmax + vector shipped 0.6/0.4": lambda: fusion_split(text="minmax", text_weight=0.6, vector_weight=0.4),
+    "text minmax + vector shipped 0.4/0.6": lambda: fusion_split(text="minmax", text_weight=0.4, vector_weight=0.6),
+    "dbsf 0.5/0.5": fusion_dbsf,
+    "dbsf 0.6/0.4": lambda: fusion_dbsf(text_weight=0.6, vector_weight=0.4),
+    "rrf k=60 floor 0.3": lambda: fusion_rrf(k=60, floor=0.3),
+    "rrf k=60 floor 0.2 vector ×0.5": lambda: fusion_rrf(k=60, floor=0.2, vector_weight=0.5),
+    "rrf k=10 floor 0.3": lambda: fusion_rrf(k=10, floor=0.3),
+}
+ALL_FUSIONS = {**FUSIONS, **REPLAY_FUSIONS}
 
 
 def server_stats(base_url: str) -> dict | None:
@@ -314,6 +493,72 @@ def server_stats(base_url: str) -> dict | None:
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
+
+
+LOCAL = "local"
+LOCAL_CACHE = RESULTS_DIR / "embeddings-cache-local.sqlite3"
+
+
+def embedder_settings(embeddings: str, model: str) -> dict:
+    """The settings that make `embeddings` the embedder: "local" is the in-process model
+    (EMBEDDINGS=local, kinsite.llm.local_embedder), anything else an OpenAI-compatible base
+    URL serving `model` (EMBEDDINGS=endpoint through Kinsite's own client)."""
+    if embeddings == LOCAL:
+        return {"EMBEDDINGS": "local"}
+    return {"EMBEDDINGS": "endpoint", "LLM_BASE_URL": embeddings, "LLM_API_KEY": "", "LLM_EMBEDDING_MODEL": model}
+
+
+class CachedLocalEmbedder:
+    """While the re-embedding job runs (and only then), the local embedder's embed() answers
+    from a SQLite cache of vectors by SHA-256 of the text (bench/embeddings_server.py's
+    VectorCache), computing only texts it has not seen, each once: the filler repeats itself,
+    and a rerun then costs no model time. The queries of the searches are embedded by the model
+    itself, so their time is the model's."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.computed = self.cached = 0
+        self.compute_seconds = 0.0
+
+    def __enter__(self):
+        from bench.embeddings_server import VectorCache
+        from kinsite.llm import local_embedder
+
+        self.model = local_embedder.MODEL_NAME
+        self.embedder = local_embedder.local_embedder()
+        self.real = self.embedder.embed
+        self.cache = VectorCache(self.path) if self.path is not None else None
+        self.embedder.embed = self.embed  # the instance's attribute, not the class's
+        return self
+
+    def __exit__(self, *exc):
+        del self.embedder.embed
+
+    def embed(self, texts):
+        import numpy as np
+
+        from bench.embeddings_server import VectorCache
+
+        keys = [VectorCache.key(text) for text in texts]
+        found = self.cache.get_many(self.model, sorted(set(keys))) if self.cache is not None else {}
+        missing = {}
+        for key, text in zip(keys, texts, strict=True):
+            if key not in found:
+                missing.setdefault(key, text)
+        if missing:
+            begun = time.perf_counter()
+            computed = dict(zip(missing, self.real(list(missing.values())), strict=True))
+            self.compute_seconds += time.perf_counter() - begun
+            if self.cache is not None:
+                self.cache.put_many(self.model, computed)
+            found.update(computed)
+        self.computed += len(missing)
+        self.cached += len(texts) - len(missing)
+        return np.stack([found[key] for key in keys]).astype(np.float32)
+
+    def stats(self) -> dict:
+        return {"computed": self.computed, "cached": self.cached, "compute_seconds": round(self.compute_seconds, 1),
+                "cache": str(self.path) if self.path is not None else None}
 
 
 def embed_all(*, model: str) -> dict:
@@ -337,7 +582,7 @@ def embed_all(*, model: str) -> dict:
     if left:
         raise SystemExit(f"{left} memories have no vector of {model} after the re-embedding run")
     return {"model": model, "memories": Memory.objects.filter(status=Memory.Status.ACTIVE).count(),
-            "seconds": round(time.perf_counter() - started, 1)}
+            "newly_embedded": run.total, "seconds": round(time.perf_counter() - started, 1)}
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -345,36 +590,45 @@ def embed_all(*, model: str) -> dict:
 
 def run(*, data_dir: Path = DATA_DIR, conversations: int | None = None, questions_per_conversation: int | None = None,
         filler: int | list[int] = 10_000, shares=DEFAULT_SHARES, min_docs=DEFAULT_MIN_DOCS, seed: int = 7,
-        embeddings: str = "", embedding_model: str = EMBEDDING_MODEL, fusions=tuple(FUSIONS)) -> dict:
+        embeddings: str = "", embedding_model: str = EMBEDDING_MODEL, fusions=tuple(FUSIONS), replay: bool = False,
+        embedding_cache: Path | None = LOCAL_CACHE, candidates_out: Path | None = None) -> dict:
     """Loads the memories into the current database, then asks every question under each
     setting, without embeddings. `filler`: memories added to each kin, or several sizes:
     the kins grow from the smallest to the largest (the same filler, more of it), and every
     size is asked in turn (`by_filler`; the top-level figures are the largest size's). The
     cache is cleared between settings (nothing cached may outlive a setting; the scope
     statistics were cached until memories migration 0012); a private in-process cache is
-    used for that, never the deployment's Redis. With `embeddings` (an OpenAI-compatible
-    base URL serving `embedding_model`), then embeds every memory and asks every question
-    again under each of `fusions` (names of FUSIONS), at the default common-term setting
-    and the largest filler size."""
+    used for that, never the deployment's Redis. With `embeddings` ("local": the in-process
+    model, EMBEDDINGS=local; else an OpenAI-compatible base URL serving `embedding_model`),
+    then, at every filler size, embeds every memory and asks every question again under
+    each of `fusions` (names of FUSIONS), at the default common-term setting. With `replay`
+    each question is asked once (the shipped fusion) and every fusion is scored by ranking
+    the candidates that search handed memories.ranking.rank, with its fuse swapped (the
+    candidates do not depend on the fusion, so this is what the search would return);
+    `fusions` may then also name REPLAY_FUSIONS. `embedding_cache`: the local embedder's
+    vector cache for the re-embedding job (None: none). `candidates_out`: a pickle of the
+    recorded candidates (with `replay`), for --replay-from."""
     from django.conf import settings
     from django.test import override_settings
 
     private_cache = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                                  "LOCATION": f"memory-relevance-{uuid.uuid4()}"}}
-    unknown = [name for name in fusions if name not in FUSIONS]
+    known = ALL_FUSIONS if replay else FUSIONS
+    unknown = [name for name in fusions if name not in known]
     if unknown:
-        raise SystemExit(f"unknown fusions {unknown}; known: {list(FUSIONS)}")
+        raise SystemExit(f"unknown fusions {unknown}; known: {list(known)}")
     sizes = sorted({filler} if isinstance(filler, int) else set(filler))
     # No embedder for the lexical runs, whatever the environment configures.
-    with override_settings(CACHES=private_cache, LLM_EMBEDDING_MODEL=""):
+    with override_settings(CACHES=private_cache, LLM_EMBEDDING_MODEL="", EMBEDDINGS="off"):
         return _run(data_dir=data_dir, conversations=conversations, per_conversation=questions_per_conversation,
                     sizes=sizes, shares=tuple(shares), min_docs=tuple(min_docs), seed=seed,
                     top_k=settings.MEMORY_TOP_K, embeddings=embeddings, embedding_model=embedding_model,
-                    fusions=tuple(fusions))
+                    fusions=tuple(fusions), replay=replay, embedding_cache=embedding_cache,
+                    candidates_out=candidates_out)
 
 
 def _run(*, data_dir, conversations, per_conversation, sizes, shares, min_docs, seed, top_k,
-         embeddings, embedding_model, fusions) -> dict:
+         embeddings, embedding_model, fusions, replay, embedding_cache, candidates_out) -> dict:
     from django.db import connection
 
     from kinsite.services import team_create
@@ -410,7 +664,7 @@ def _run(*, data_dir, conversations, per_conversation, sizes, shares, min_docs, 
         grid = [default]  # SQLite has no common-term split: one setting is all there is
     count_candidates = CandidateCounter() if connection.vendor == "postgresql" else None
 
-    by_filler, loaded_filler = [], 0
+    by_filler, loaded_filler, dump = [], 0, []
     for size in sizes:
         begun = time.perf_counter()
         for conversation_id, conversation in loaded:
@@ -424,6 +678,17 @@ def _run(*, data_dir, conversations, per_conversation, sizes, shares, min_docs, 
         count_candidates = CandidateCounter() if count_candidates is not None else None  # counts change with filler
         results = _ask_grid(grid, questions, kins, team=team, ks=ks, limit=limit,
                             count_candidates=count_candidates, default=default)
+        lexical = next(result for result in results if result["default"])
+        print(f"filler {size:,} per kin: R@10 {lexical['overall']['recall@10']:.3f} (default setting)", flush=True)
+        hybrid = None
+        if embeddings:
+            hybrid = _hybrid(questions, kins, team=team, ks=ks, limit=limit, embeddings=embeddings,
+                             model=embedding_model, fusions=fusions, lexical=lexical, replay=replay,
+                             embedding_cache=embedding_cache)
+            if hybrid.get("recorded") is not None:
+                dump.append({"filler_per_kin": size, "lexical": {key: lexical[key] for key in (
+                    "name", "overall", "by_category", "by_conversation", "per_question_recall")},
+                    "recorded": hybrid.pop("recorded")})
         by_filler.append({
             "filler_per_kin": size,
             "filler_seconds": round(filler_seconds, 1),
@@ -431,18 +696,22 @@ def _run(*, data_dir, conversations, per_conversation, sizes, shares, min_docs, 
                             for conversation_id, kin in kins.items()},
             "settings": results,
             "recommended": recommend(results),
+            "hybrid": hybrid,
         })
-        print(f"filler {size:,} per kin: R@10 {next(r for r in results if r['default'])['overall']['recall@10']:.3f} "
-              f"(default setting)", flush=True)
 
     last = by_filler[-1]
-    lexical = next(result for result in last["settings"] if result["default"])
-    hybrid = None
-    if embeddings:
-        hybrid = _hybrid(questions, kins, team=team, ks=ks, limit=limit, embeddings=embeddings,
-                         model=embedding_model, fusions=fusions, lexical=lexical)
-    for result in [r for figures in by_filler for r in figures["settings"]] + (hybrid["fusions"] if hybrid else []):
-        del result["per_question_recall"]  # only needed for the comparisons above
+    if candidates_out is not None and dump:
+        import pickle
+
+        candidates_out.parent.mkdir(parents=True, exist_ok=True)
+        with open(candidates_out, "wb") as file:
+            pickle.dump({"questions": questions, "ks": ks, "database_version": database_version(connection),
+                         "by_filler": dump}, file)
+        print(f"wrote the recorded candidates to {candidates_out}", flush=True)
+    for figures in by_filler:
+        fused = figures["hybrid"]["fusions"] if figures["hybrid"] else []
+        for result in figures["settings"] + fused:
+            result.pop("per_question_recall", None)  # only needed for the comparisons above
 
     return {
         "database_version": database_version(connection),
@@ -461,7 +730,7 @@ def _run(*, data_dir, conversations, per_conversation, sizes, shares, min_docs, 
         "settings": last["settings"],
         "recommended": last["recommended"],
         "by_filler": by_filler,
-        "hybrid": hybrid,
+        "hybrid": last["hybrid"],
         "answer_key": questions,
     }
 
@@ -495,64 +764,144 @@ def _ask_grid(grid, questions, kins, *, team, ks, limit, count_candidates, defau
     return results
 
 
-def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lexical) -> dict:
-    """With the embedder configured: every memory embedded, then every question under each
-    fusion, at the default common-term setting; compared question by question with the
-    lexical run of that setting."""
+def _hybrid(questions, kins, *, team, ks, limit, embeddings, model, fusions, lexical, replay=False,
+            embedding_cache=LOCAL_CACHE) -> dict:
+    """With the embedder configured: every memory embedded (those still without a vector of
+    the model), then every question under each fusion, at the default common-term setting;
+    compared question by question with the lexical run of that setting. With `replay`, one
+    live run of the shipped fusion, then every fusion scored on its recorded candidates (the
+    record is returned as "recorded")."""
     from django.test import override_settings
 
     import memories.search.selectors
     from memories import ranking
+    from memories.embeddings import embedding_model_current
     from memories.search import postgres
     from memories.search.selectors import memory_search
 
     default = (postgres.COMMON_TERM_SHARE, postgres.COMMON_TERM_MIN_DOCS)
-    before = server_stats(embeddings)
+    local = embeddings == LOCAL
+    before = None if local else server_stats(embeddings)
     shipped, embed = ranking.fuse, memories.search.selectors.memory_embed
     embed_ms = []
 
     def timed_embed(**kwargs):
-        # The query's round trip to the endpoint, part of each search's time: measured apart.
+        # The query's embedding (the in-process model, or the round trip to the endpoint), part
+        # of each search's time: measured apart.
         begun = time.perf_counter()
         try:
             return embed(**kwargs)
         finally:
             embed_ms.append((time.perf_counter() - begun) * 1000)
 
+    def ask_live(name, on_searched=None, after_warmup=None):
+        ranking.fuse = shipped if FUSIONS.get(name) is None else FUSIONS[name]()
+        for kin in kins.values():  # warm-up: each scope's vector matrix, statistics, plans
+            memory_search(team=team, kin=kin, query="hello there", limit=limit)
+        if after_warmup is not None:
+            after_warmup()
+        embed_ms.clear()
+        result = _ask(questions, kins, team=team, ks=ks, limit=limit, count_candidates=None,
+                      share=default[0], min_docs=default[1], default=default, on_searched=on_searched)
+        result.update(name=name, default=FUSIONS.get(name, 0) is None, exhaustive=False, replayed=False,
+                      query_embedding=latency_summary(embed_ms))
+        _compare(result, lexical["per_question_recall"])
+        print(f"  {name}: R@10 {result['overall']['recall@10']:.3f}", flush=True)
+        return result
+
     memories.search.selectors.memory_embed = timed_embed
-    results = []
-    with override_settings(LLM_BASE_URL=embeddings, LLM_API_KEY="", LLM_EMBEDDING_MODEL=model):
-        embedded = embed_all(model=model)
-        print(f"embedded {embedded['memories']:,} memories with {model} in {embedded['seconds']} s", flush=True)
+    results, recorded = [], None
+    with override_settings(**embedder_settings(embeddings, model)):
+        model = embedding_model_current()
+        if local:
+            with CachedLocalEmbedder(embedding_cache) as cached:
+                embedded = embed_all(model=model)
+            embedded["local"] = cached.stats()
+        else:
+            embedded = embed_all(model=model)
+        print(f"embedded {embedded['newly_embedded']:,} memories with {model} in {embedded['seconds']} s "
+              f"({embedded['memories']:,} active)", flush=True)
         try:
-            for name in fusions:
-                ranking.fuse = shipped if FUSIONS[name] is None else FUSIONS[name]()
-                for kin in kins.values():  # warm-up: each scope's vector matrix, statistics, plans
-                    memory_search(team=team, kin=kin, query="hello there", limit=limit)
-                embed_ms.clear()
-                result = _ask(questions, kins, team=team, ks=ks, limit=limit, count_candidates=None,
-                              share=default[0], min_docs=default[1], default=default)
-                result.update(name=name, default=FUSIONS[name] is None, exhaustive=False,
-                              query_embedding=latency_summary(embed_ms))
-                pairs = list(zip(result["per_question_recall"], lexical["per_question_recall"], strict=True))
-                result["worse_than_lexical"] = [index for index, (ours, theirs) in enumerate(pairs) if ours < theirs]
-                result["better_than_lexical"] = [index for index, (ours, theirs) in enumerate(pairs) if ours > theirs]
-                results.append(result)
-                print(f"  {name}: R@10 {result['overall']['recall@10']:.3f}", flush=True)
+            if not replay:
+                results = [ask_live(name) for name in fusions]
+            else:
+                recorded, slot, real_rank = [], [], ranking.rank
+
+                def recording_rank(candidates, **kwargs):
+                    candidates = list(candidates)
+                    slot.append((candidates, kwargs))
+                    return real_rank(candidates, **kwargs)
+
+                def searched():
+                    # What ranking.rank got for this question (None: search stopped before it).
+                    recorded.append(slot[-1] if slot else None)
+                    slot.clear()
+
+                live_name = next(iter(FUSIONS))  # the shipped fusion
+                ranking.rank = recording_rank
+                try:
+                    live = ask_live(live_name, on_searched=searched, after_warmup=slot.clear)
+                finally:
+                    ranking.rank = real_rank
+                results = replay_fusions(recorded, questions, fusions, ks=ks,
+                                         lexical_recall=lexical["per_question_recall"])
+                for result in results:
+                    if result["default"]:
+                        if result["per_question_recall"] != live["per_question_recall"]:
+                            raise SystemExit("the replay of the shipped fusion differs from its live run")
+                        result.update(search=live["search"], query_embedding=live["query_embedding"])
         finally:
             ranking.fuse, memories.search.selectors.memory_embed = shipped, embed
-    after = server_stats(embeddings)
+    after = None if local else server_stats(embeddings)
     server = None
     if before is not None and after is not None:
         server = {"computed": after["computed"] - before["computed"], "cached": after["cached"] - before["cached"],
                   "compute_seconds": round(after["compute_seconds"] - before["compute_seconds"], 1)}
     return {"endpoint": embeddings, "model": model, "embedded": embedded, "server": server,
             "lexical": {"name": lexical["name"], "overall": lexical["overall"], "by_category": lexical["by_category"],
-                        "search": lexical["search"]},
-            "fusions": results}
+                        "by_conversation": lexical["by_conversation"], "search": lexical["search"]},
+            "fusions": results, "replayed": replay, "recorded": recorded}
 
 
-def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs, default) -> dict:
+def _compare(result: dict, lexical_recall: list[float]) -> None:
+    pairs = list(zip(result["per_question_recall"], lexical_recall, strict=True))
+    result["worse_than_lexical"] = [index for index, (ours, theirs) in enumerate(pairs) if ours < theirs]
+    result["better_than_lexical"] = [index for index, (ours, theirs) in enumerate(pairs) if ours > theirs]
+
+
+def replay_fusions(recorded: list, questions: list[dict], names, *, ks, lexical_recall=None) -> list[dict]:
+    """Each fusion of `names` (ALL_FUSIONS) scored on recorded searches: memories.ranking.rank
+    run again on the candidates and arguments each question's search gave it, with
+    ranking.fuse swapped. Pure Python, no database."""
+    from memories import ranking
+
+    shipped, results = ranking.fuse, []
+    recall_key = f"recall@{10 if 10 in ks else max(ks)}"
+    try:
+        for name in names:
+            factory = ALL_FUSIONS[name]
+            ranking.fuse = shipped if factory is None else factory()
+            rows, by_category, by_conversation = [], defaultdict(list), defaultdict(list)
+            for question, entry in zip(questions, recorded, strict=True):
+                found = [] if entry is None else [r.id for r in ranking.rank(entry[0], **entry[1])]
+                row = question_row(question["evidence_memory_ids"], found, ks)
+                rows.append(row)
+                by_category[question["category"]].append(row)
+                by_conversation[question["conversation"]].append(row)
+            result = {"name": name, "default": factory is None, "exhaustive": False, "replayed": True,
+                      "overall": summary(rows, ks),
+                      "by_category": {key: summary(value, ks) for key, value in sorted(by_category.items())},
+                      "by_conversation": {key: summary(value, ks) for key, value in sorted(by_conversation.items())},
+                      "per_question_recall": [row[recall_key] for row in rows]}
+            if lexical_recall is not None:
+                _compare(result, lexical_recall)
+            results.append(result)
+    finally:
+        ranking.fuse = shipped
+    return results
+
+
+def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs, default, on_searched=None) -> dict:
     """Every question under the setting in force; figures of this setting."""
     from kinsite.textsearch import query_terms
     from memories.search import candidates as search_candidates, postgres
@@ -565,6 +914,8 @@ def _ask(questions, kins, *, team, ks, limit, count_candidates, share, min_docs,
         begun = time.perf_counter()
         hits = memory_search(team=team, kin=kin, query=question["question"], limit=limit)
         latencies.append((time.perf_counter() - begun) * 1000)
+        if on_searched is not None:
+            on_searched()
         row = question_row(question["evidence_memory_ids"], [hit.memory.pk for hit in hits], ks)
         rows.append(row)
         by_category[question["category"]].append(row)
@@ -641,8 +992,10 @@ def print_table(figures: dict) -> None:
         print(f"\n{size['filler_per_kin']:,} filler per kin (scopes of {min(size['scope_sizes'].values()):,}-"
               f"{max(size['scope_sizes'].values()):,} memories, filler loaded in {size['filler_seconds']} s)")
         print_settings(size, figures["ks"])
-    if figures.get("hybrid"):
-        print_hybrid(figures["hybrid"], figures["ks"])
+    for size in figures["by_filler"]:
+        if size.get("hybrid"):
+            print_hybrid(size["hybrid"], figures["ks"], size["filler_per_kin"])
+    print_fusion_grid(figures["by_filler"])
 
 
 def print_settings(figures: dict, ks) -> None:
@@ -681,34 +1034,101 @@ def print_settings(figures: dict, ks) -> None:
               f"{figures['recommended']['name']}")
 
 
-def print_hybrid(hybrid: dict, ks) -> None:
+def print_hybrid(hybrid: dict, ks, size: int | None = None) -> None:
     embedded, server = hybrid["embedded"], hybrid["server"]
     served = f"; server: {server['computed']:,} computed, {server['cached']:,} from its cache" if server else ""
-    print(f"\nwith embeddings: {hybrid['model']} at {hybrid['endpoint']}, {embedded['memories']:,} memories "
-          f"embedded in {embedded['seconds']} s{served}")
-    header = (f"{'fusion':<38} " + " ".join(f"{f'R@{k}':>6}" for k in ks) + " "
-              + " ".join(f"{f'hit@{k}':>6}" for k in ks) + f" {'MRR':>6} {'p50 ms':>7} {'p95 ms':>7}"
-              f" {'emb p50':>7} {'worse':>5} {'better':>6}")
+    if embedded.get("local"):
+        cached = embedded["local"]
+        served = (f"; local model: {cached['computed']:,} computed in {cached['compute_seconds']} s,"
+                  f" {cached['cached']:,} from its cache")
+    at = f" at {size:,} filler per kin" if size is not None else ""
+    how = " (fusions scored by replaying the shipped run's candidates)" if hybrid.get("replayed") else ""
+    print(f"\nwith embeddings{at}: {hybrid['model']} ({hybrid['endpoint']}), {embedded['newly_embedded']:,} memories "
+          f"embedded in {embedded['seconds']} s{served}{how}")
+    conversations = sorted(hybrid["lexical"]["by_conversation"])
+    header = (f"{'fusion':<52} " + " ".join(f"{f'R@{k}':>6}" for k in ks) + " "
+              + " ".join(f"{f'hit@{k}':>6}" for k in ks) + f" {'MRR':>6} {'ΔR@10':>6} {'conv Δ min..max':>16}"
+              f" {'p50 ms':>7} {'emb p50':>7} {'worse':>5} {'better':>6}")
     print(header)
     print("-" * len(header))
     rows = [{**hybrid["lexical"], "name": f"lexical only ({hybrid['lexical']['name']})"}] + hybrid["fusions"]
+    words = hybrid["lexical"]
     for result in rows:
         overall = result["overall"]
         worse = str(len(result["worse_than_lexical"])) if "worse_than_lexical" in result else "-"
         better = str(len(result["better_than_lexical"])) if "better_than_lexical" in result else "-"
         embedding = f"{result['query_embedding']['p50_ms']:.1f}" if "query_embedding" in result else "-"
-        print(f"{result['name'] + (' *' if result.get('default') else ''):<38} "
+        search = f"{result['search']['p50_ms']:.1f}" if "search" in result else "-"
+        delta = overall["recall@10"] - words["overall"]["recall@10"]
+        deltas = [result["by_conversation"][c]["recall@10"] - words["by_conversation"][c]["recall@10"]
+                  for c in conversations] if "by_conversation" in result else [0.0]
+        print(f"{result['name'] + (' *' if result.get('default') else ''):<52} "
               + " ".join(f"{overall[f'recall@{k}']:>6.3f}" for k in ks) + " "
               + " ".join(f"{overall[f'hit@{k}']:>6.3f}" for k in ks)
-              + f" {overall['mrr']:>6.3f} {result['search']['p50_ms']:>7.1f} {result['search']['p95_ms']:>7.1f}"
-              f" {embedding:>7} {worse:>5} {better:>6}")
-    print("* memories.ranking.fuse as shipped; emb p50: the query's embedding call, within the search's time; "
-          "worse/better: questions whose R@10 differs from lexical only")
+              + f" {overall['mrr']:>6.3f} {delta:>+6.3f} {f'{min(deltas):+.3f}..{max(deltas):+.3f}':>16}"
+              f" {search:>7} {embedding:>7} {worse:>5} {better:>6}")
+    print("* memories.ranking.fuse as shipped; ΔR@10: against lexical only; conv Δ: the same per conversation; "
+          "emb p50: the query's embedding, within the search's time; worse/better: questions whose R@10 differs "
+          "from lexical only")
     categories = sorted(hybrid["lexical"]["by_category"])
-    print(f"\nR@10 by category\n{'fusion':<38} " + " ".join(f"{name:>11}" for name in categories))
+    print(f"\nR@10 by category\n{'fusion':<52} " + " ".join(f"{name:>11}" for name in categories))
     for result in rows:
-        print(f"{result['name']:<38} " + " ".join(f"{result['by_category'][name]['recall@10']:>11.3f}"
+        print(f"{result['name']:<52} " + " ".join(f"{result['by_category'][name]['recall@10']:>11.3f}"
                                                    for name in categories))
+
+
+def print_fusion_grid(by_filler: list[dict]) -> None:
+    """Recall@10 of every fusion at every filler size, with its gain over the words alone."""
+    sizes = [size for size in by_filler if size.get("hybrid")]
+    if len(sizes) < 2:
+        return
+    print("\nR@10 by filler size (Δ: against lexical only at that size; min Δ conv: the worst conversation)")
+    header = f"{'fusion':<52} " + " ".join(f"{format(size['filler_per_kin'], ','):>7} {'Δ':>6} {'min Δ conv':>10}"
+                                             for size in sizes)
+    print(header)
+    print("-" * len(header))
+    words = [s["hybrid"]["lexical"] for s in sizes]
+    names = [result["name"] for result in sizes[0]["hybrid"]["fusions"]]
+    print(f"{'lexical only':<52} " + " ".join(f"{w['overall']['recall@10']:>7.3f} {'':>6} {'':>10}" for w in words))
+    for name in names:
+        cells = []
+        for size, lexical in zip(sizes, words, strict=True):
+            result = next(r for r in size["hybrid"]["fusions"] if r["name"] == name)
+            worst = min(result["by_conversation"][c]["recall@10"] - lexical["by_conversation"][c]["recall@10"]
+                        for c in lexical["by_conversation"])
+            cells.append(f"{result['overall']['recall@10']:>7.3f} "
+                         f"{result['overall']['recall@10'] - lexical['overall']['recall@10']:>+6.3f} {worst:>+10.3f}")
+        print(f"{name:<52} " + " ".join(cells))
+
+
+def replay_from(path: Path, fusions: list[str], out: Path) -> int:
+    """--replay-from: every fusion scored on a pickle of recorded candidates (--candidates-out);
+    no database, no embedder."""
+    import pickle
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kinsite.settings")
+    os.environ.setdefault("SECRET_KEY", "kinsite-bench-only-secret-key-not-for-deployments")
+    with open(path, "rb") as file:
+        data = pickle.load(file)
+    ks, questions = tuple(data["ks"]), data["questions"]
+    by_filler = []
+    for size in data["by_filler"]:
+        lexical = size["lexical"]
+        results = replay_fusions(size["recorded"], questions, fusions, ks=ks,
+                                 lexical_recall=lexical["per_question_recall"])
+        for result in results:
+            del result["per_question_recall"]
+        hybrid = {"endpoint": "(replayed)", "model": "(replayed)", "replayed": True, "server": None,
+                  "embedded": {"newly_embedded": 0, "memories": 0, "seconds": 0},
+                  "lexical": {key: value for key, value in lexical.items() if key != "per_question_recall"},
+                  "fusions": results}
+        by_filler.append({"filler_per_kin": size["filler_per_kin"], "hybrid": hybrid})
+        print_hybrid(hybrid, ks, size["filler_per_kin"])
+    print_fusion_grid(by_filler)
+    figures = {"replayed_from": str(path), "database_version": data["database_version"], "ks": list(ks),
+               "questions": len(questions), "by_filler": by_filler}
+    print(f"wrote {write_results('memory_relevance-replay', 'candidates', figures, out)}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -721,12 +1141,23 @@ def main(argv=None) -> int:
     parser.add_argument("--shares", default=",".join(map(str, DEFAULT_SHARES)), help="COMMON_TERM_SHARE grid")
     parser.add_argument("--min-docs", default=",".join(map(str, DEFAULT_MIN_DOCS)), help="COMMON_TERM_MIN_DOCS grid")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--embeddings", default="", metavar="URL",
-                        help="OpenAI-compatible embeddings endpoint (e.g. bench/embeddings_server.py at "
-                             "http://127.0.0.1:8765/v1): also embed the memories and compare fusions")
-    parser.add_argument("--embedding-model", default=EMBEDDING_MODEL)
-    parser.add_argument("--fusions", default=",".join(FUSIONS),
-                        help="with --embeddings: which of FUSIONS to run, comma-separated")
+    parser.add_argument("--embeddings", default="", metavar="local|URL",
+                        help="also embed the memories and compare fusions, at every filler size: 'local' is the "
+                             "in-process model (EMBEDDINGS=local), a URL an OpenAI-compatible endpoint "
+                             "(EMBEDDINGS=endpoint; e.g. bench/embeddings_server.py at http://127.0.0.1:8765/v1)")
+    parser.add_argument("--embedding-model", default=EMBEDDING_MODEL, help="the endpoint's model (not for local)")
+    parser.add_argument("--embedding-cache", default=str(LOCAL_CACHE),
+                        help="with --embeddings local: the re-embedding job's vector cache (SQLite), 'none' for none")
+    parser.add_argument("--fusions", default="",
+                        help="with --embeddings: which fusions to run, comma-separated (default: all of FUSIONS, "
+                             "with --replay all of FUSIONS and REPLAY_FUSIONS)")
+    parser.add_argument("--replay", action="store_true",
+                        help="with --embeddings: ask each question once (the shipped fusion) and score every fusion "
+                             "on the candidates that search gave memories.ranking.rank")
+    parser.add_argument("--candidates-out", type=Path, default=None,
+                        help="with --replay: write the recorded candidates to this pickle")
+    parser.add_argument("--replay-from", type=Path, default=None,
+                        help="no database: score the fusions on a pickle written by --candidates-out")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the JSON goes")
     parser.add_argument("--database", default=BENCH_DATABASE,
                         help="name of the throwaway PostgreSQL database (created and dropped)")
@@ -734,7 +1165,11 @@ def main(argv=None) -> int:
     shares = [float(value) for value in args.shares.split(",") if value.strip()]
     min_docs = [int(value) for value in args.min_docs.split(",") if value.strip()]
     fusions = [name.strip() for name in args.fusions.split(",") if name.strip()]
+    if not fusions:
+        fusions = list(ALL_FUSIONS if args.replay or args.replay_from else FUSIONS)
     filler = [int(value) for value in args.filler.split(",") if value.strip()]
+    if args.replay_from:
+        return replay_from(args.replay_from, fusions, args.out)
     if args.embeddings:
         # The re-embedding job runs in this process (its task eager), never through a broker.
         os.environ["CELERY_TASK_ALWAYS_EAGER"] = "true"
@@ -750,7 +1185,9 @@ def main(argv=None) -> int:
         figures = run(data_dir=args.data.resolve(), conversations=args.conversations,
                       questions_per_conversation=args.questions_per_conversation, filler=filler,
                       shares=shares, min_docs=min_docs, seed=args.seed, embeddings=args.embeddings,
-                      embedding_model=args.embedding_model, fusions=fusions)
+                      embedding_model=args.embedding_model, fusions=fusions, replay=args.replay,
+                      embedding_cache=None if args.embedding_cache == "none" else Path(args.embedding_cache),
+                      candidates_out=args.candidates_out)
         vendor = connection.vendor
     print_table(figures)
     name = "memory_relevance-embeddings" if args.embeddings else "memory_relevance"
