@@ -19,7 +19,6 @@ DUPLICATE_MIN_COSINE), and is_duplicate with the value rule below (value_tokens)
     python bench/duplicate_cosine.py --embeddings http://127.0.0.1:8765/v1   # bench/embeddings_server.py
 """
 import argparse
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -139,55 +138,19 @@ NEAR_MISSES = [
     ("The first draft is due Friday", "The second draft is due Friday"),
 ]
 
-# --- the value rule (a proposal, measured here; not in memories.ranking) ----------------------
-
-# Spelled numbers and ordinals count as values ("two" / "three kids", "first" / "second draft").
-NUMBER_WORDS = frozenset((  # noqa: SIM905
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million "
-    "billion dozen first second third fourth fifth sixth seventh eighth ninth tenth"
-).split())
-# With time_words, these count as values too: "next / last month" is two events.
-TIME_WORDS = frozenset(["yesterday", "today", "tonight", "tomorrow", "next", "last", "ago", "previous", "upcoming"])
-# Abbreviations whose period does not start a sentence ("Dr. Smith").
-ABBREVIATIONS = frozenset(["dr", "mr", "mrs", "ms", "st", "prof", "jr", "sr", "vs", "etc"])
-_WORD = re.compile(r"[^\W_]+")
-
-
-def value_tokens(text: str, time_words: bool = False) -> frozenset[str]:
-    """The values a statement names, casefolded: any word with a digit ("3pm", "2019", "Q3",
-    "8080"), a spelled number or ordinal, and, past a sentence's first word, a single capital
-    letter ("option A") or a capitalised word (a name, day, month, place: "Denver", "Tuesday").
-    A sentence's first word is left out (it is capitalised whatever it is), and so is "I"."""
-    values = set()
-    for match in _WORD.finditer(text):
-        word = match.group()
-        before = text[:match.start()].rstrip()
-        previous = _WORD.findall(before[-12:])
-        sentence_start = (not before or before[-1] in "!?:;\n"
-                          or (before[-1] == "." and not (previous and previous[-1].casefold() in ABBREVIATIONS)))
-        folded = word.casefold()
-        numeric = (any(char.isdigit() for char in word) or folded in NUMBER_WORDS
-                   or (time_words and folded in TIME_WORDS))
-        if numeric or (not sentence_start and word[0].isupper() and word != "I"):
-            values.add(folded)
-    return frozenset(values)
-
-
-def _stems(text: str) -> frozenset[str]:
-    from memories import ranking
-
-    return frozenset(ranking.stem(word.casefold()) for word in _WORD.findall(text))
+# --- the value rule: memories.ranking.values_differ, measured with and without time words ----
 
 
 def values_differ(a: str, b: str, time_words: bool = False) -> bool:
-    """A value of one text that the other does not contain, as a value or as any word (stemmed:
-    "Saturdays" is "Saturday"; the other text may name it as its first word)."""
     from memories import ranking
 
-    stems_a, stems_b = _stems(a), _stems(b)
-    return (any(ranking.stem(value) not in stems_b for value in value_tokens(a, time_words))
-            or any(ranking.stem(value) not in stems_a for value in value_tokens(b, time_words)))
+    return ranking.values_differ(a, b, time_words=time_words)
+
+
+def value_tokens(text: str, time_words: bool = False) -> frozenset[str]:
+    from memories import ranking
+
+    return ranking.value_tokens(text, time_words=time_words)
 
 
 def shipped_duplicate(a: str, b: str, cosine: float, threshold: float) -> bool:

@@ -187,6 +187,50 @@ def cosine(a: Iterable[float], b: Iterable[float]) -> float:
     return dot / norm if norm else 0.0
 
 
+# --- values: what a near-miss changes -------------------------------------------------------
+
+# Spelled numbers and ordinals are values ("two" / "three kids", "first" / "second draft"),
+# and so are words that place an event in time ("next" / "last month" are two events).
+NUMBER_WORDS = frozenset((  # noqa: SIM905
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million "
+    "billion dozen first second third fourth fifth sixth seventh eighth ninth tenth"
+).split())
+TIME_WORDS = frozenset(["yesterday", "today", "tonight", "tomorrow", "next", "last", "ago", "previous", "upcoming"])
+# Abbreviations whose period does not end a sentence ("Dr. Smith").
+ABBREVIATIONS = frozenset(["dr", "mr", "mrs", "ms", "st", "prof", "jr", "sr", "vs", "etc"])
+_WORD = re.compile(r"[^\W_]+")
+
+
+def value_tokens(text: str, time_words: bool = True) -> frozenset[str]:
+    """The values a statement names, casefolded: a word with a digit ("3pm", "Q3"), a spelled
+    number or ordinal, a time word (with time_words), and, past a sentence's first word, a
+    single capital letter ("option A") or a capitalised word (a name, day, month, place).
+    Embedders see "Option A is chosen" and "Option B is chosen" as near-identical."""
+    values = set()
+    for match in _WORD.finditer(text):
+        word = match.group()
+        before = text[:match.start()].rstrip()
+        previous = _WORD.findall(before[-12:])
+        sentence_start = (not before or before[-1] in "!?:;\n"
+                          or (before[-1] == "." and not (previous and previous[-1].casefold() in ABBREVIATIONS)))
+        folded = word.casefold()
+        numeric = (any(char.isdigit() for char in word) or folded in NUMBER_WORDS
+                   or (time_words and folded in TIME_WORDS))
+        if numeric or (not sentence_start and word[0].isupper() and word != "I"):
+            values.add(folded)
+    return frozenset(values)
+
+
+def values_differ(a: str, b: str, time_words: bool = True) -> bool:
+    """Whether one text names a value the other does not contain at all, as a value or as any
+    word (stemmed: "Saturdays" is "Saturday", and the other may name it first)."""
+    stems_a = frozenset(stem(word.casefold()) for word in _WORD.findall(a))
+    stems_b = frozenset(stem(word.casefold()) for word in _WORD.findall(b))
+    return (any(stem(value) not in stems_b for value in value_tokens(a, time_words))
+            or any(stem(value) not in stems_a for value in value_tokens(b, time_words)))
+
+
 def is_duplicate(
     *,
     new_terms: frozenset[str],
@@ -194,11 +238,16 @@ def is_duplicate(
     new_subject: str,
     old_subject: str,
     vector_similarity: float | None = None,
+    new_text: str = "",
+    old_text: str = "",
 ) -> bool:
     """Same meaning: two set subjects that differ rule it out, and so do two different sets
-    of numbers ("at 3pm" / "at 5pm": embedders barely see digits) and any difference in
-    MEANING_WORDS (a negation added or dropped is a change); then either rule suffices."""
+    of numbers ("at 3pm" / "at 5pm": embedders barely see digits), a value one text names and
+    the other lacks (values_differ, given the texts) and any difference in MEANING_WORDS (a
+    negation added or dropped is a change); then either rule suffices."""
     if new_subject.strip() and old_subject.strip() and new_subject.strip().casefold() != old_subject.strip().casefold():
+        return False
+    if new_text and old_text and values_differ(new_text, old_text):
         return False
     new_numbers, old_numbers = _numbers(new_terms), _numbers(old_terms)
     if new_numbers and old_numbers and new_numbers != old_numbers:

@@ -78,7 +78,8 @@ def memory_find_duplicate(*, team: Team, kin: Kin | None, content: str, subject:
         old_terms = ranking.term_set(memory.content)
         similarity = vector_similarities.get(memory.pk)
         if ranking.is_duplicate(new_terms=new_terms, old_terms=old_terms, new_subject=subject,
-                                old_subject=memory.subject, vector_similarity=similarity):
+                                old_subject=memory.subject, vector_similarity=similarity,
+                                new_text=content, old_text=memory.content):
             scored[memory.pk] = max(ranking.jaccard(new_terms, old_terms), similarity or 0.0)
     if not scored:
         return None

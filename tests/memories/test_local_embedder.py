@@ -150,3 +150,29 @@ def test_a_missing_model_stops_the_start_saying_what_to_install(tmp_path):
     environment["EMBEDDINGS"] = "off"
     assert subprocess.run([sys.executable, "manage.py", "check"], cwd=REPO, env=environment,
                           capture_output=True, timeout=60).returncode == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("first", "second"), [
+    # Cosine 0.97 with this model, and too few words in common for the word rule.
+    ("The team chose Postgres for the new billing service", "For the new billing service the team picked Postgres"),
+    ("Alice relocated to Berlin in the spring", "In the spring Alice moved to Berlin"),
+])
+def test_two_paraphrases_merge_into_one_memory(local, team, kin, first, second):
+    original = services.memory_add(team=team, kin=kin, content=first, actor=ACTOR).memory
+    result = services.memory_add(team=team, kin=kin, content=second, actor=ACTOR)
+    assert not result.created and result.memory.pk == original.pk
+    assert Memory.objects.filter(team=team, status=Memory.Status.ACTIVE).count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("first", "second"), [
+    ("Option A is chosen", "Option B is chosen"),
+    ("The release is on Tuesday", "The release is on Thursday"),
+    ("We go camping next month", "We went camping last month"),
+])
+def test_a_near_miss_stays_a_memory_of_its_own(local, team, kin, first, second):
+    services.memory_add(team=team, kin=kin, content=first, actor=ACTOR)
+    result = services.memory_add(team=team, kin=kin, content=second, actor=ACTOR)
+    assert result.created
+    assert sorted(Memory.objects.filter(team=team).values_list("content", flat=True)) == sorted([first, second])

@@ -176,3 +176,19 @@ def test_the_vector_signal_rises_smoothly_from_the_floor_when_nothing_is_near():
     assert fused[1].vector == pytest.approx(0.5) and fused[2].vector == 0.0
     fused = ranking.fuse([candidate(1, text=0.0, vector=floor + spread + 0.1)])
     assert fused[1].vector == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("a", "b", "differ"), [
+    ("Option A is chosen", "Option B is chosen", True),
+    ("The standup is at 9", "The standup is at 10", True),
+    ("Maria has two kids", "Maria has three kids", True),
+    ("The release is on Tuesday", "The release is on Thursday", True),
+    ("We go camping next month", "We went camping last month", True),
+    # The same values, named anywhere (a sentence's first word is not a value, but counts as named).
+    ("Alice relocated to Berlin in the spring", "In the spring Alice moved to Berlin", False),
+    ("Tuesdays are for planning", "We plan on Tuesday", False),
+    ("Dr. Smith owns the budget", "The budget belongs to Dr. Smith", False),
+    ("I like tea", "Tea is what I like", False),
+])
+def test_values_differ(a, b, differ):
+    assert ranking.values_differ(a, b) is differ
