@@ -18,6 +18,7 @@ so scopes large enough search through it, and the recall of the vector scan agai
 exact scan is measured on the first 50 queries.
 """
 import argparse
+import os
 import random
 import sys
 import time
@@ -86,13 +87,13 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool 
 
     from kinsite.llm.providers import provider_override
     from memories import ranking
-    from memories.embeddings import _embedding_model_name
+    from memories.embeddings import endpoint_model_name
     from memories.search.selectors import memory_search
 
     embed = provider = None
     if with_vectors:
         provider = HashedEmbedder.create()
-        model = _embedding_model_name(provider)
+        model = endpoint_model_name(provider)
 
         def embed(text):
             return ranking.vector_to_bytes(dense_bag_of_words(text)), model
@@ -175,10 +176,10 @@ def hnsw_recall(team, kin_rows, provider, texts) -> dict:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from memories.embeddings import Embedding, _embedding_model_name
+    from memories.embeddings import Embedding, endpoint_model_name
     from memories.search import vectors
 
-    model = _embedding_model_name(provider)
+    model = endpoint_model_name(provider)
     shares, through_index = [], 0
     for index, vector in enumerate(provider.embed_result(texts).vectors):
         kin = kin_rows[index % len(kin_rows)]
@@ -249,11 +250,11 @@ def vector_timings(team, kin_rows, provider, rng, count: int) -> dict:
     search: the first of a kin after this process's vector cache is emptied."""
     from django.conf import settings
 
-    from memories.embeddings import Embedding, _embedding_model_name
+    from memories.embeddings import Embedding, endpoint_model_name
     from memories.search import vectors
     from memories.search.selectors import memory_find_duplicate, memory_search
 
-    model = _embedding_model_name(provider)
+    model = endpoint_model_name(provider)
     texts = [sentence(rng) for _ in range(count)]
     embeddings = [Embedding(vector=tuple(v), model=model) for v in provider.embed_result(texts).vectors]
     scans, duplicates, cold = [], [], []
@@ -301,6 +302,8 @@ def main(argv=None) -> int:
     database = args.database or ("kinsite_bench_memory_vectors" if args.vectors else "kinsite_bench_memory")
     if not database.isidentifier():
         parser.error(f"--database must be a plain name (letters, digits, underscores), not {database!r}")
+    # The bench's own embedder stands in for an endpoint (--vectors); without it, words only.
+    os.environ.setdefault("EMBEDDINGS", "endpoint" if args.vectors else "off")
     with ThrowawayDatabase(database):
         import django
 

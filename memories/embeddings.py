@@ -63,5 +63,10 @@ def embedding_model_current() -> str:
     provider = get_default_provider()
     if not getattr(provider, "supports_embeddings", False):
         return ""
-    # Vectors of different models are not comparable; rows record which model made theirs.
+    return endpoint_model_name(provider)
+
+
+def endpoint_model_name(provider) -> str:
+    """The model name an endpoint provider's vectors are recorded with. Vectors of different
+    models are not comparable; rows record which model made theirs."""
     return (getattr(provider, "embedding_model", "") or f"{provider.name}-embedding")[:200]

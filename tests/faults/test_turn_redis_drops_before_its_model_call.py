@@ -27,7 +27,7 @@ def test_an_async_turn_whose_redis_drops_before_its_model_call_is_answered_once_
     worker, reconnected by itself, answers it."""
     fake_llm.embeddings([[0.1] * 16], delay=EMBEDDING_SECONDS)
     worker = workers(redis_url=on_redis.url, llm_base_url=fake_llm.base_url,
-                     env={"LLM_EMBEDDING_MODEL": "fake-embedding"})
+                     env={"EMBEDDINGS": "endpoint", "LLM_EMBEDDING_MODEL": "fake-embedding"})
     response = api_client.post(f"/api/v1/sessions/{chat_session.pk}/messages/?async=1",
                                {"content": "When is the report due?", "sender": "Maria"}, format="json")
     assert response.status_code == 202, response.content

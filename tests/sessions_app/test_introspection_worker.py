@@ -43,6 +43,7 @@ def _start_worker(llm_base_url: str, log_path: Path) -> subprocess.Popen:
         "LLM_BASE_URL": llm_base_url,
         "LLM_API_KEY": "test-key",
         "LLM_MODEL": "fake-model",
+        "EMBEDDINGS": "endpoint",
         "LLM_EMBEDDING_MODEL": "fake-embedding",
         "LLM_MAX_RETRIES": "0",
         "LLM_TIMEOUT_SECONDS": "10",
