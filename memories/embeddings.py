@@ -16,7 +16,7 @@ from memories import ranking
 
 logger = logging.getLogger(__name__)
 
-LOCAL, ENDPOINT, OFF = "local", "endpoint", "off"
+LOCAL, OFF = "local", "off"  # EMBEDDINGS values; the third, "endpoint", is the fallthrough
 
 
 @dataclass(frozen=True)
