@@ -85,9 +85,9 @@ def run(*, kins: int, per_kin: int, queries: int, seed: int, with_vectors: bool 
     from django.conf import settings
     from django.db import connection
 
+    from kinsite.llm.gateway import endpoint_model_name
     from kinsite.llm.providers import provider_override
     from memories import ranking
-    from memories.embeddings import endpoint_model_name
     from memories.search.selectors import memory_search
 
     embed = provider = None
@@ -176,7 +176,8 @@ def hnsw_recall(team, kin_rows, provider, texts) -> dict:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from memories.embeddings import Embedding, endpoint_model_name
+    from kinsite.llm.gateway import endpoint_model_name
+    from memories.embeddings import Embedding
     from memories.search import vectors
 
     model = endpoint_model_name(provider)
@@ -250,7 +251,8 @@ def vector_timings(team, kin_rows, provider, rng, count: int) -> dict:
     search: the first of a kin after this process's vector cache is emptied."""
     from django.conf import settings
 
-    from memories.embeddings import Embedding, endpoint_model_name
+    from kinsite.llm.gateway import endpoint_model_name
+    from memories.embeddings import Embedding
     from memories.search import vectors
     from memories.search.selectors import memory_find_duplicate, memory_search
 

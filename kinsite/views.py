@@ -3,6 +3,7 @@ kinsite's own pages: home, a model call, the model help page and API tokens. Eve
 scoped to the signed-in user's team; other teams' objects answer 404."""
 from functools import wraps
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest, HttpResponseForbidden
@@ -10,6 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods
 
+from kinsite.llm.gateway import embedding_model_current
 from kinsite.llm.providers import chat_model_configured, get_default_provider
 from kinsite.models import Membership
 from kinsite.selectors import api_token_list, llm_call_get, team_for_user
@@ -86,7 +88,8 @@ def model_help(request):
     chat_configured = chat_model_configured()
     context = {
         "chat_configured": chat_configured,
-        "embeddings_configured": bool(getattr(provider, "supports_embeddings", False)),
+        "embeddings": settings.EMBEDDINGS,
+        "embedding_model": embedding_model_current(),
         "model_name": getattr(provider, "model", "") if chat_configured else "",
     }
     return render(request, "dashboard/model_help.html", context)

@@ -1,6 +1,7 @@
 """Admin for memories and their change log. Edits save through memories.services.memory_update
 (so each writes a change row) and "Mark deleted" calls memory_delete; admin neither adds
 memories (kins, the API and the dashboard do) nor hard-deletes one, which would erase its history."""
+from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models.functions import Length
 from django.utils.text import Truncator
@@ -8,6 +9,7 @@ from django.utils.text import Truncator
 from kinsite.actors import user_ref
 from kinsite.admin_mixins import ReadOnlyAdminMixin, TeamScopedAdminMixin
 from memories import services
+from memories.embeddings import embedding_model_current
 from memories.models import EmbeddingRun, Memory, MemoryChange, MemoryTermCount, MemoryVector, MemoryVectorScope
 
 
@@ -29,7 +31,7 @@ class MemoryAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     # the kin is a plain (cut) text column, as Django renders foreign key columns unwrapped.
     # The rest is on the memory's page (change_list.html breaks long words anywhere).
     list_display = ["id", "short_content", "kin_name", "short_subject", "status", "updated_at"]
-    list_filter = ["status", "category", "source", "team"]
+    list_filter = ["status", "category", "source", "embedding_model", "team"]
     search_fields = ["content", "subject", "source_ref"]
     list_select_related = ["kin"]
     fields = [
@@ -40,6 +42,7 @@ class MemoryAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
         "source",
         "source_ref",
         "superseded_by",
+        "embedding_model",
         "retrieval_count",
         "last_retrieved_at",
         "created_at",
@@ -49,6 +52,12 @@ class MemoryAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
     inlines = [MemoryChangeInline]
     actions = ["mark_deleted"]
     show_full_result_count = False
+
+    def changelist_view(self, request, extra_context=None):
+        # Which model makes new vectors, above the list (its filter shows what the rows have).
+        extra_context = {**(extra_context or {}), "embeddings": settings.EMBEDDINGS,
+                         "embedding_model": embedding_model_current()}
+        return super().changelist_view(request, extra_context=extra_context)
 
     @admin.display(description="content")
     def short_content(self, memory):

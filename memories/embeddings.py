@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from kinsite.llm import local_embedder
-from kinsite.llm.gateway import llm_embed
+from kinsite.llm.gateway import embedding_model_current, llm_embed
 from kinsite.llm.providers import get_default_provider
 from kinsite.models import Kin, Team
 from memories import ranking
 
 logger = logging.getLogger(__name__)
 
-LOCAL, OFF = "local", "off"  # EMBEDDINGS values; the third, "endpoint", is the fallthrough
+LOCAL = "local"  # the EMBEDDINGS value of the in-process model
 
 
 @dataclass(frozen=True)
@@ -51,22 +51,3 @@ def embed_texts(texts: list[str], *, team: Team, kin: Kin | None = None, purpose
         return local_embedder.local_embedder().embed(texts).tolist()
     return [[float(x) for x in vector] for vector in
             llm_embed(purpose=purpose, texts=texts, team=team, kin=kin, provider=get_default_provider())]
-
-
-def embedding_model_current() -> str:
-    """The model that makes new vectors, "" when there is none: the model search compares
-    with and re-embedding brings every active memory to."""
-    if settings.EMBEDDINGS == OFF:
-        return ""
-    if settings.EMBEDDINGS == LOCAL:
-        return local_embedder.MODEL_NAME
-    provider = get_default_provider()
-    if not getattr(provider, "supports_embeddings", False):
-        return ""
-    return endpoint_model_name(provider)
-
-
-def endpoint_model_name(provider) -> str:
-    """The model name an endpoint provider's vectors are recorded with. Vectors of different
-    models are not comparable; rows record which model made theirs."""
-    return (getattr(provider, "embedding_model", "") or f"{provider.name}-embedding")[:200]

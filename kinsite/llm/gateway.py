@@ -4,6 +4,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.conf import settings
+
+from kinsite.llm import local_embedder
 from kinsite.llm.providers import LLMProvider, get_default_provider
 from kinsite.llm.types import ChatResult, DeltaSink, Message
 from kinsite.models import Kin, LLMCall, Team
@@ -72,6 +75,26 @@ def llm_embed(
         started=started, attempts=result.attempts, tokens_in=result.tokens_in,
     )
     return result.vectors
+
+
+def embedding_model_current() -> str:
+    """The model that makes new vectors, "" when there is none (EMBEDDINGS=off, or an
+    endpoint without LLM_EMBEDDING_MODEL): search compares with it, and re-embedding brings
+    every vector to it."""
+    if settings.EMBEDDINGS == "off":
+        return ""
+    if settings.EMBEDDINGS == "local":
+        return local_embedder.MODEL_NAME
+    provider = get_default_provider()
+    if not getattr(provider, "supports_embeddings", False):
+        return ""
+    return endpoint_model_name(provider)
+
+
+def endpoint_model_name(provider) -> str:
+    """The model name an endpoint provider's vectors are recorded with. Vectors of different
+    models are not comparable; rows record which model made theirs."""
+    return (getattr(provider, "embedding_model", "") or f"{provider.name}-embedding")[:200]
 
 
 def _log_call(

@@ -190,9 +190,28 @@ def test_the_help_page_says_a_model_is_connected_without_showing_its_address(log
     body = logged_in.get(reverse("dashboard:model_help")).content.decode()
 
     assert "A chat model is connected" in body and "house-model" in body
-    assert "No embedding model is set" in body
     assert "llm.internal.example" not in body
     assert "No language model is configured" not in body  # no banner
+
+
+@pytest.mark.parametrize(("embeddings", "base_url", "embedding_model", "says"), [
+    ("local", "", "", "built-in local model <code>local:all-MiniLM-L6-v2</code>, in this process"),
+    ("off", "", "", "Search by meaning is off: search uses words only"),
+    ("endpoint", "http://llm.internal.example/v1", "house-embedder", "embedding model <code>house-embedder</code>"),
+    ("endpoint", "http://llm.internal.example/v1", "", "no embedding model is"),
+    ("endpoint", "", "house-embedder", "no embedding model is"),
+])
+def test_the_help_page_says_where_vectors_come_from(logged_in, settings, embeddings, base_url, embedding_model,
+                                                    says):
+    settings.EMBEDDINGS = embeddings
+    settings.LLM_BASE_URL = base_url
+    settings.LLM_EMBEDDING_MODEL = embedding_model
+
+    body = logged_in.get(reverse("dashboard:model_help")).content.decode()
+
+    assert says in body
+    assert body.count('id="embedding-state"') == 1
+    assert "llm.internal.example" not in body
 
 
 def test_the_help_page_needs_a_login(client):

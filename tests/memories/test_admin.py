@@ -82,3 +82,25 @@ def test_vectors_page_shows_model_and_size_read_only(staff_client, kin):
     delete_url = reverse("admin:memories_memoryvector_delete", args=[memory.pk])
     assert staff_client.post(delete_url, {"post": "yes"}).status_code == 403
     assert MemoryVector.objects.filter(memory=memory).exists()
+
+
+@pytest.mark.parametrize(("embeddings", "says"), [
+    ("local", "New vectors: <code>local:all-MiniLM-L6-v2</code> (<code>EMBEDDINGS=local</code>)"),
+    ("off", "New vectors: none, search uses words only (<code>EMBEDDINGS=off</code>)"),
+])
+def test_the_memory_list_says_which_model_makes_new_vectors_and_filters_by_model(
+        staff_client, settings, kin, memory, embeddings, says):
+    with provider_override(ScriptedProvider()):  # the suite's EMBEDDINGS=endpoint: a scripted vector
+        embedded = memory_add(team=kin.team, kin=kin, content="Reports are due on Fridays",
+                              actor=Actor("test")).memory
+    assert (embedded.embedding_model, memory.embedding_model) == ("scripted-embedding", "")
+    settings.EMBEDDINGS = embeddings
+    url = reverse("admin:memories_memory_changelist")
+
+    body = staff_client.get(url).content.decode()
+
+    assert says in body
+    by_model = staff_client.get(url, {"embedding_model": "scripted-embedding"}).content.decode()
+    assert "Reports are due on Fridays" in by_model and memory.content not in by_model
+    without = staff_client.get(url, {"embedding_model": ""}).content.decode()
+    assert memory.content in without and "Reports are due on Fridays" not in without
