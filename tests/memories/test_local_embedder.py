@@ -19,6 +19,7 @@ from memories.models import Memory
 from memories.search.selectors import memory_search
 from memories.services import Actor
 from memories.tools import memory_toolset
+from tests.support import fake_openai
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 
@@ -176,3 +177,25 @@ def test_a_near_miss_stays_a_memory_of_its_own(local, team, kin, first, second):
     result = services.memory_add(team=team, kin=kin, content=second, actor=ACTOR)
     assert result.created
     assert sorted(Memory.objects.filter(team=team).values_list("content", flat=True)) == sorted([first, second])
+
+
+@pytest.mark.django_db
+def test_a_turn_embeds_one_query_and_a_memory_write_one_text(local, team, kin, chat_session, api_client,
+                                                              fake_llm_gateway, fake_llm, monkeypatch):
+    """What embedding costs a chat turn (its memory search's query, nothing else: history is
+    embedded in the background) and a memory write (once, though it also checks duplicates)."""
+    embedder = local_embedder.local_embedder()
+    calls = []
+    real_embed = embedder.embed
+    monkeypatch.setattr(embedder, "embed", lambda texts: calls.append(list(texts)) or real_embed(texts))
+    services.memory_add(team=team, kin=kin, content=EMAIL, actor=ACTOR)
+    assert calls == [[EMAIL]]
+
+    calls.clear()
+    fake_llm.reply("E-mail, as the customer prefers.")
+    response = api_client.post(f"/api/v1/sessions/{chat_session.pk}/messages/",
+                               {"content": QUERY, "sender": "Maria"}, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["turn"]["status"] == "done"
+    assert len(calls) == 1 and len(calls[0]) == 1 and QUERY in calls[0][0], calls
+    assert not fake_llm.requests_to(fake_openai.EMBEDDINGS)  # the endpoint serves the chat only
