@@ -92,6 +92,10 @@ async def _run(ctx: Context, tool: Callable[..., dict[str, Any]], *, error: type
     try:
         return await sync_to_async(tool, thread_sensitive=True)(caller, **arguments)
     except KinsiteError as exc:
+        # Every problem, as the API's error.details.errors lists them (the message names the first).
+        problems = exc.details.get("errors")
+        if isinstance(problems, list) and len(problems) > 1:
+            raise error(f"{exc.message} Problems: {'; '.join(map(str, problems))}") from exc
         raise error(exc.message) from exc
     except ValidationError as exc:
         raise error(f"Invalid arguments: {_validation_text(exc.detail)}") from exc
@@ -299,6 +303,35 @@ async def message_post(
     reply's text is reply.content."""
     return await _run(ctx, tools.message_post, session_id=session_id, content=content, sender=sender,
                       platform=platform)
+
+
+@mcp_server.tool()
+async def workflow_node_types(ctx: Context) -> dict[str, Any]:
+    """Every node type a workflow may use: {node_types: [{name, title, description, inputs {min, max},
+    outputs, config_schema}]}; config_schema is the JSON Schema of the node's `config`."""
+    return await _run(ctx, tools.workflow_node_types)
+
+
+@mcp_server.tool()
+async def workflow_save(
+    document: Annotated[dict[str, Any], Field(description=(
+        "The workflow document {name, description, nodes: [{id, type, label, config, position}], edges: "
+        "[{source, target}]}, as GET /api/v1/workflows/{id}/?export=1 gives it; node configs follow "
+        "workflow_node_types."))],
+    ctx: Context,
+    workflow_id: Annotated[int | None, Field(ge=1, description="Replace this workflow; omit to create one.")] = None,
+) -> dict[str, Any]:
+    """Create a workflow, or replace one's graph (nodes keep their results by id; a changed config makes
+    them stale). The same checks as the API: every problem is named (unknown types, bad parameters,
+    cycles, unsafe URLs) and nothing is saved unless all pass. Answers the workflow with node states."""
+    return await _run(ctx, tools.workflow_save, document=document, workflow_id=workflow_id)
+
+
+@mcp_server.tool()
+async def workflow_run(workflow_id: WorkflowId, ctx: Context) -> dict[str, Any]:
+    """Start a run of a workflow (rate-limited like the API's). Answers {run}: its id and status; the
+    nodes' states and counts are in the workflow (the API's GET /workflows/{id}/)."""
+    return await _run(ctx, tools.workflow_run, workflow_id=workflow_id)
 
 
 # --- resources -----------------------------------------------------------------------------------

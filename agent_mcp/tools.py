@@ -49,9 +49,11 @@ from sessions_app.api.serializers import (
 from sessions_app.models import Session
 from sessions_app.turns import services as turns
 from sessions_app.turns.preview import prompt_preview as session_prompt_preview
-from workflows.api.serializers import LineageQuerySerializer
-from workflows.models import Workflow
-from workflows.selectors import node_get, node_lineage, node_lineage_export, workflow_get
+from workflows import services as workflow_services
+from workflows.api.serializers import LineageQuerySerializer, WorkflowRunSerializer, workflow_detail
+from workflows.models import Workflow, WorkflowRun
+from workflows.nodes.registry import node_types_described
+from workflows.selectors import node_get, node_lineage, node_lineage_export, workflow_get, workflow_last_run
 
 # --- the caller's rows ------------------------------------------------------------------------
 # Http404 becomes a message naming what was asked for, and nothing more (as the API's 404).
@@ -274,6 +276,31 @@ def lineage_read(caller: TokenPrincipal, *, workflow_id: int, node_id: str,
     narrative = node_lineage_export(workflow=workflow, graph=graph, fmt="narrative", namespace="",
                                     max_chars=params["max_chars"])
     return {"workflow_id": workflow.pk, "node_id": node_id, "stale": graph.stale, "narrative": narrative}
+
+
+def workflow_node_types(caller: TokenPrincipal) -> dict[str, Any]:
+    return {"node_types": node_types_described()}
+
+
+def workflow_save(caller: TokenPrincipal, *, document: Any, workflow_id: int | None = None) -> dict[str, Any]:
+    """Creates a workflow from `document`, or replaces workflow `workflow_id`'s: the API's
+    POST /workflows/ and PUT /workflows/{id}/, with their validation."""
+    workflow = None if workflow_id is None else _workflow(caller, workflow_id)
+    clean = workflow_services.document_clean(document)
+    if workflow is None:
+        workflow = workflow_services.workflow_create(team=caller.team, document=clean)
+    else:
+        workflow = workflow_services.workflow_update(workflow=workflow, document=clean)
+    workflow = Workflow.objects.get(pk=workflow.pk)
+    return workflow_detail(workflow, last_run=workflow_last_run(workflow=workflow))
+
+
+def workflow_run(caller: TokenPrincipal, *, workflow_id: int) -> dict[str, Any]:
+    # The token's "workflow_runs" allowance, as POST /workflows/{id}/run/ counts it.
+    token_throttle_check(principal=caller, scope="workflow_runs")
+    workflow = _workflow(caller, workflow_id)
+    run = workflow_services.workflow_run_start(workflow=workflow)
+    return {"run": WorkflowRunSerializer(WorkflowRun.objects.get(pk=run.pk)).data}
 
 
 def message_post(caller: TokenPrincipal, *, session_id: int, content: str, sender: str | None = None,

@@ -10,6 +10,7 @@ from tests.agent_mcp.conftest import call, with_client
 TOOLS = {
     "memory_search", "memory_add", "memory_update", "memory_delete", "history_search", "fact_log",
     "experience_read", "prompt_preview", "lineage_read", "message_post", "session_list", "session_read",
+    "workflow_node_types", "workflow_save", "workflow_run",
 }
 
 

@@ -3,6 +3,7 @@ from django.urls import path
 from workflows.api import views
 
 urlpatterns = [
+    path("workflow-node-types/", views.NodeTypeListView.as_view(), name="workflow-node-types"),
     path("workflows/", views.WorkflowListView.as_view(), name="workflow-list"),
     path("workflows/<int:workflow_id>/", views.WorkflowDetailView.as_view(), name="workflow-detail"),
     path("workflows/<int:workflow_id>/run/", views.WorkflowRunView.as_view(), name="workflow-run"),

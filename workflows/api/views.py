@@ -5,7 +5,7 @@ through workflows.services."""
 from django.db.models import Count
 from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
-from rest_framework import status
+from rest_framework import serializers as drf_serializers, status
 from rest_framework.generics import ListAPIView
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.response import Response
@@ -23,6 +23,7 @@ from workflows.api.serializers import (
     workflow_detail,
 )
 from workflows.models import Workflow, WorkflowRun
+from workflows.nodes.registry import node_types_described
 from workflows.selectors import node_lineage, node_lineage_export
 
 
@@ -30,6 +31,22 @@ def _detail_response(workflow: Workflow, *, status_code: int = status.HTTP_200_O
     workflow = Workflow.objects.get(pk=workflow.pk)  # fresh: a run may have changed it
     return Response(workflow_detail(workflow, last_run=selectors.workflow_last_run(workflow=workflow)),
                     status=status_code)
+
+
+class NodeTypeListView(APIView):
+    """Every node type a workflow may use, with its config's JSON Schema: the same for every
+    team, generated from the registered node plug-ins, so a new type is listed as it is added."""
+
+    @extend_schema(responses={200: inline_serializer("NodeTypeList", {
+        "next": drf_serializers.CharField(allow_null=True),
+        "previous": drf_serializers.CharField(allow_null=True),
+        "results": drf_serializers.ListField(child=drf_serializers.DictField(), help_text=(
+            "{name, title, description, inputs: {min, max (null: any number)}, outputs, config_schema "
+            "(JSON Schema 2020-12; x-widget names the editor that fits a field)}")),
+    })})
+    def get(self, request):
+        # A list of a dozen fixed entries: one page, in the shape of the API's other lists.
+        return Response({"next": None, "previous": None, "results": node_types_described()})
 
 
 class WorkflowListView(ListAPIView):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 Record = dict[str, Any]
@@ -26,10 +26,21 @@ class NodeError(Exception):
 
 @dataclass(frozen=True)
 class Param:
+    """One setting of a node type. `kind`, `required` and `choices` are checked by
+    validate_params; `default` is what the runner uses when it is absent; `schema` adds JSON
+    Schema keywords (the shape of a list's items, lengths) that check() enforces; `widget`
+    tells the dashboard's form which editor fits ("field" picks a field of the upstream
+    records, "fields" several, "prompt", "csv", "conditions", "url"); a `derived` key is
+    written by the node itself, never by the user."""
+
     kind: type | tuple[type, ...]
     required: bool = False
     choices: tuple[str, ...] = ()
     doc: str = ""
+    default: Any = None
+    schema: dict[str, Any] = field(default_factory=dict)
+    widget: str = ""
+    derived: bool = False
 
 
 @dataclass
@@ -48,6 +59,7 @@ class NodeType:
 
     name: ClassVar[str]
     title: ClassVar[str]
+    description: ClassVar[str]  # one sentence for the palette and the node-types list
     params: ClassVar[dict[str, Param]] = {}
     min_inputs: ClassVar[int] = 1
     max_inputs: ClassVar[int | None] = None  # None: any number (their records are concatenated)
@@ -102,6 +114,43 @@ def validate_params(node_type: NodeType, config: Any) -> list[str]:
 _KIND_NAMES = {
     str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object", bool: "a boolean",
 }
+
+
+# JSON Schema's name of each parameter kind (bool is not an "integer" there either).
+_JSON_TYPES = {str: "string", int: "integer", float: "number", list: "array", dict: "object", bool: "boolean"}
+
+
+def param_schema(param: Param) -> dict[str, Any]:
+    """The JSON Schema of one parameter."""
+    kinds = param.kind if isinstance(param.kind, tuple) else (param.kind,)
+    types = [_JSON_TYPES[kind] for kind in kinds]
+    if "integer" in types and "number" in types:
+        types.remove("integer")  # a JSON Schema number includes the integers
+    schema: dict[str, Any] = {"type": types[0] if len(types) == 1 else types}
+    if param.doc:
+        schema["description"] = param.doc
+    if param.choices:
+        schema["enum"] = list(param.choices)
+    if param.default is not None:
+        schema["default"] = param.default
+    if param.widget:
+        schema["x-widget"] = param.widget
+    if param.derived:
+        schema["readOnly"] = True
+    return {**schema, **param.schema}
+
+
+def config_schema(node_type: NodeType) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a node type's config, from its parameters. What it
+    accepts validate_params may still refuse: check() also tests what no schema can say (a
+    regular expression compiles, a URL is safe to fetch)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {name: param_schema(param) for name, param in node_type.params.items()},
+        "required": [name for name, param in node_type.params.items() if param.required],
+        "additionalProperties": False,
+    }
 
 
 def config_fingerprint(node_type: str, config: dict) -> str:

@@ -142,9 +142,17 @@ def describe_conditions(conditions: list[dict], combine: str) -> str:
 class Filter(NodeType):
     name = "filter"
     title = "Filter"
+    description = "Keeps the records that meet its conditions (all of them, or any)."
     params = {
-        "conditions": Param(list, required=True, doc="a list of {field, op, value}"),
-        "combine": Param(str, choices=("and", "or")),
+        "conditions": Param(list, required=True, doc="a list of {field, op, value}", widget="conditions", schema={
+            "minItems": 1,
+            "items": {"type": "object", "required": ["field", "op"], "additionalProperties": False, "properties": {
+                "field": {"type": "string", "minLength": 1, "x-widget": "field"},
+                "op": {"enum": list(OPS)},
+                "value": {"description": "what the field is compared with; a list for 'in', none for 'exists'"},
+            }},
+        }),
+        "combine": Param(str, choices=("and", "or"), doc="whether all conditions must hold or any", default="and"),
     }
 
     def check(self, config: dict) -> list[str]:
@@ -166,7 +174,10 @@ def _dedupe_fields(config: dict) -> list[str]:
 class Deduplicate(NodeType):
     name = "deduplicate"
     title = "Deduplicate"
-    params = {"fields": Param((str, list), required=True, doc="the field or fields that identify a duplicate")}
+    description = "Keeps the first record of each group with the same values in the given fields."
+    params = {"fields": Param((str, list), required=True, doc="the field or fields that identify a duplicate",
+                              widget="fields",
+                              schema={"minLength": 1, "minItems": 1, "items": {"type": "string", "minLength": 1}})}
 
     def check(self, config: dict) -> list[str]:
         fields = _dedupe_fields(config)

@@ -40,7 +40,11 @@ def fetch_json(url: str, *, ctx: RunContext) -> Any:
 class HttpJson(NodeType):
     name = "http_json"
     title = "JSON over HTTP"
-    params = {"url": Param(str, required=True, doc="an http(s) URL answering JSON"), "path": Param(str)}
+    description = "Fetches a JSON list of records from an http(s) URL (never a private or loopback address)."
+    params = {
+        "url": Param(str, required=True, doc="an http(s) URL answering JSON", widget="url"),
+        "path": Param(str, doc="a dotted path to the list in the answer, empty for the answer itself", default=""),
+    }
     min_inputs, max_inputs = 0, 0
 
     def check(self, config: dict) -> list[str]:

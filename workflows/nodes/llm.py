@@ -79,12 +79,16 @@ def _max_records(config: dict) -> int:
 class LlmInference(NodeType):
     name = "llm_inference"
     title = "LLM inference"
+    description = "Asks the model once per record with a prompt template and writes the answer into a field."
     params = {
-        "prompt": Param(str, required=True, doc="a template with {{field}} and {{_lineage}} tokens"),
-        "output_field": Param(str),
-        "system": Param(str),
-        "temperature": Param((int, float)),
-        "max_records": Param(int),
+        "prompt": Param(str, required=True, doc="a template with {{field}} and {{_lineage}} tokens", widget="prompt",
+                        schema={"maxLength": PROMPT_MAX_CHARS}),
+        "output_field": Param(str, doc="the field the answer goes into", default="llm_output"),
+        "system": Param(str, doc="a system message sent before every prompt"),
+        "temperature": Param((int, float), doc="the model's sampling temperature (default: the model's)",
+                             schema={"minimum": LLM_TEMPERATURE_RANGE[0], "maximum": LLM_TEMPERATURE_RANGE[1]}),
+        "max_records": Param(int, doc="refuse to run on more records than this (one model call each)",
+                             default=LLM_DEFAULT_MAX_RECORDS, schema={"minimum": 1, "maximum": LLM_MAX_RECORDS_LIMIT}),
     }
 
     def check(self, config: dict) -> list[str]:
@@ -191,7 +195,12 @@ def _generated_conditions(ctx: RunContext, config: dict, records: list[Record]) 
 class LlmSmartFilter(NodeType):
     name = "llm_smart_filter"
     title = "LLM smart filter"
-    params = {"instruction": Param(str, required=True, doc="what to keep, in plain language"), "generated": Param(dict)}
+    description = ("Turns a plain-language instruction into filter conditions once, with the model, and keeps "
+                   "the records that meet them.")
+    params = {
+        "instruction": Param(str, required=True, doc="what to keep, in plain language"),
+        "generated": Param(dict, doc="the conditions the model wrote for the instruction", derived=True),
+    }
 
     def check(self, config: dict) -> list[str]:
         if not config["instruction"].strip():

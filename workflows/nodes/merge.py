@@ -7,9 +7,11 @@ from workflows.nodes.base import NodeType, Param, Record, RunContext, get_field,
 class Merge(NodeType):
     name = "merge"
     title = "Merge / join"
+    description = "Joins its two inputs on a field they share; the first input's values win on a clash."
     params = {
-        "key": Param(str, required=True, doc="the field both inputs share"),
-        "how": Param(str, choices=("inner", "left")),
+        "key": Param(str, required=True, doc="the field both inputs share", widget="field"),
+        "how": Param(str, choices=("inner", "left"), default="inner",
+                     doc="inner keeps matched records only; left also keeps the first input's unmatched ones"),
     }
     min_inputs, max_inputs = 2, 2
 

@@ -7,7 +7,8 @@ from workflows.nodes.base import NodeType, Param, Record, RunContext, concat, na
 class TableOutput(NodeType):
     name = "table_output"
     title = "Table output"
-    params = {"columns": Param(list)}
+    description = "Shows its records as a table (and passes them on unchanged)."
+    params = {"columns": Param(list, doc="the columns to show, in order; empty for every field", widget="fields")}
 
     def run(self, ctx: RunContext, config: dict, inputs: list[list[Record]]) -> list[Record]:
         return concat(inputs)

@@ -3,14 +3,15 @@ one-sentence description of any node. A node type is a plug-in: a NodeType subcl
 own module of this package (see base.py), registered below.
 
 Adding a node type: write `workflows/nodes/<family>.py` with a NodeType subclass (name,
-title, params, check/run/describe) and add one `register(...)` line here."""
+title, description, params, check/run/describe) and add one `register(...)` line here; the
+API, MCP and the dashboard list it from node_types_described()."""
 from __future__ import annotations
 
 from typing import Any
 
 from workflows.lineage import name_text
 from workflows.nodes import filtering, http, llm, merge, output, sources, transform
-from workflows.nodes.base import NodeType, counts_sentence
+from workflows.nodes.base import NodeType, config_schema, counts_sentence
 
 NODE_TYPES: dict[str, NodeType] = {}
 
@@ -32,6 +33,24 @@ register(merge.Merge())
 register(llm.LlmInference())
 register(llm.LlmSmartFilter())
 register(output.TableOutput())
+
+
+def node_type_described(node_type: NodeType) -> dict[str, Any]:
+    """A node type as the API, MCP and the dashboard's canvas show it: what it is, how many
+    inputs it takes (max None: any number), and its config's JSON Schema."""
+    return {
+        "name": node_type.name,
+        "title": node_type.title,
+        "description": node_type.description,
+        "inputs": {"min": node_type.min_inputs, "max": node_type.max_inputs},
+        "outputs": 1,  # every node hands one list of records on
+        "config_schema": config_schema(node_type),
+    }
+
+
+def node_types_described() -> list[dict[str, Any]]:
+    """Every registered node type, in registration order (sources first)."""
+    return [node_type_described(node_type) for node_type in NODE_TYPES.values()]
 
 
 def get_node_type(name: str) -> NodeType | None:

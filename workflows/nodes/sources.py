@@ -15,7 +15,9 @@ CSV_BAD_DELIMITERS = ("\n", "\r", '"')
 class InlineRecords(NodeType):
     name = "inline_records"
     title = "Inline records"
-    params = {"records": Param(list, required=True, doc="a list of JSON objects")}
+    description = "Provides records written into the node itself, as a list of JSON objects."
+    params = {"records": Param(list, required=True, doc="a list of JSON objects",
+                               schema={"items": {"type": "object"}, "maxItems": INLINE_MAX_RECORDS})}
     min_inputs, max_inputs = 0, 0
 
     def check(self, config: dict) -> list[str]:
@@ -39,7 +41,13 @@ class InlineRecords(NodeType):
 class CsvUpload(NodeType):
     name = "csv_upload"
     title = "CSV upload"
-    params = {"csv": Param(str, required=True, doc="the CSV text, header row first"), "delimiter": Param(str)}
+    description = "Provides the rows of a CSV text (header row first) as records."
+    params = {
+        "csv": Param(str, required=True, doc="the CSV text, header row first", widget="csv",
+                     schema={"maxLength": CSV_MAX_CHARS}),
+        "delimiter": Param(str, doc="the character between fields", default=",",
+                           schema={"minLength": 1, "maxLength": 1}),
+    }
     min_inputs, max_inputs = 0, 0
 
     def check(self, config: dict) -> list[str]:

@@ -42,6 +42,14 @@ def pattern_problem(pattern: str) -> str:
     return ""
 
 
+# The JSON Schema of one extraction's keys.
+_EXTRACTION = {
+    "field": {"type": "string", "minLength": 1, "x-widget": "field"},
+    "pattern": {"type": "string", "minLength": 1, "description": "a regular expression (RE2 syntax)"},
+    "into": {"type": "string", "minLength": 1},
+}
+
+
 def _extractions(config: dict) -> list[dict]:
     extract = config.get("extract") or []
     return [extract] if isinstance(extract, dict) else extract
@@ -50,7 +58,16 @@ def _extractions(config: dict) -> list[dict]:
 class Transform(NodeType):
     name = "transform"
     title = "Transform"
-    params = {"rename": Param(dict), "extract": Param((dict, list))}
+    description = "Renames fields and extracts parts of values into new fields with regular expressions (RE2)."
+    params = {
+        "rename": Param(dict, doc="old field name → new field name",
+                        schema={"additionalProperties": {"type": "string", "minLength": 1}}),
+        "extract": Param((dict, list), doc="one or a list of {field, pattern, into}: the pattern's first group "
+                         "(or whole match) of the field's value goes into the field `into`", schema={
+                             "required": ["field", "pattern", "into"], "properties": _EXTRACTION,
+                             "items": {"type": "object", "required": ["field", "pattern", "into"],
+                                       "properties": _EXTRACTION}}),
+    }
 
     def check(self, config: dict) -> list[str]:
         errors = []
