@@ -257,8 +257,13 @@ def workflow_create(*, team: Team, document: WorkflowDocument) -> Workflow:
 @transaction.atomic
 def workflow_update(*, workflow: Workflow, document: WorkflowDocument) -> Workflow:
     """Replaces the graph. Nodes keep their identity (and results) by client id, so a
-    changed config shows as stale lineage rather than as a node that never ran."""
+    changed config shows as stale lineage rather than as a node that never ran. Refused (409)
+    while a run is going: its nodes would run settings nobody saved them with."""
     workflow = Workflow.objects.select_for_update().get(pk=workflow.pk)
+    active = _run_active(workflow)
+    if active is not None:
+        raise Conflict(f"Run {active.pk} of this workflow is still {active.status}; edit it once the run has "
+                       "finished.", details={"run_id": active.pk})
     workflow.name, workflow.description = document.name, document.description
     workflow.save(update_fields=["name", "description", "updated_at"])
     _write_graph(workflow=workflow, document=document)
@@ -371,10 +376,8 @@ def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
     down it undoes the run and raises ServiceUnavailable (503), so nothing stored blocks the next request."""
     workflow = Workflow.objects.select_for_update().get(pk=workflow.pk)
     nodes = workflow_run_check(workflow=workflow)
-    active = WorkflowRun.objects.filter(
-        workflow=workflow, status__in=[WorkflowRun.Status.PENDING, WorkflowRun.Status.RUNNING]
-    ).first()
-    if active is not None and not _run_supersede(active):
+    active = _run_active(workflow)
+    if active is not None:
         raise Conflict(f"Run {active.pk} of this workflow is still {active.status}.", details={"run_id": active.pk})
     by_pk = {node.pk: node.client_id for node in nodes}
     edges = [(by_pk[s], by_pk[t]) for s, t in workflow.edges.values_list("source_id", "target_id")]
@@ -387,6 +390,17 @@ def workflow_run_start(*, workflow: Workflow) -> WorkflowRun:
     statuses_before = {node.pk: node.status for node in nodes}
     transaction.on_commit(lambda: _run_enqueue(run, statuses_before))
     return run
+
+
+def _run_active(workflow: Workflow) -> WorkflowRun | None:
+    """The workflow's pending or running run, unless nobody works on it any more (then it is
+    failed here, _run_supersede); the caller holds the workflow's row lock."""
+    active = WorkflowRun.objects.filter(
+        workflow=workflow, status__in=[WorkflowRun.Status.PENDING, WorkflowRun.Status.RUNNING]
+    ).first()
+    if active is None or _run_supersede(active):
+        return None
+    return active
 
 
 def _run_supersede(run: WorkflowRun) -> bool:

@@ -142,3 +142,26 @@ def test_an_active_run_blocks_a_new_one_until_nobody_works_on_it(workflow, djang
     second.refresh_from_db()
     assert run.status == "failed" and run.error.startswith("Superseded:")
     assert second.status == "done"
+
+
+def test_editing_a_workflow_while_it_runs_is_refused_and_changes_nothing(workflow, api_client,
+                                                                          django_capture_on_commit_callbacks):
+    run = _unsent_run(workflow, django_capture_on_commit_callbacks)
+    assert workflow_run_wave(run_id=run.pk, wave=0) == 1
+    edited = {**DOCUMENT, "name": "Edited mid-run"}
+
+    response = api_client.put(f"/api/v1/workflows/{workflow.pk}/", edited, format="json")
+
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert error["message"] == f"Run {run.pk} of this workflow is still running; edit it once the run has finished."
+    assert error["details"] == {"run_id": run.pk}
+    workflow.refresh_from_db()
+    assert workflow.name == DOCUMENT["name"]
+
+    # A run nobody works on any more does not hold the workflow: it is failed, and the edit lands.
+    _stall(run)
+    assert api_client.put(f"/api/v1/workflows/{workflow.pk}/", edited, format="json").status_code == 200
+    run.refresh_from_db()
+    workflow.refresh_from_db()
+    assert run.status == "failed" and workflow.name == "Edited mid-run"

@@ -80,7 +80,10 @@ class WorkflowDetailView(APIView):
             return Response(services.workflow_export(workflow=workflow))
         return _detail_response(workflow)
 
-    @extend_schema(request=WorkflowDocumentSerializer, responses={200: OpenApiResponse(description="The workflow.")})
+    @extend_schema(request=WorkflowDocumentSerializer, responses={
+        200: OpenApiResponse(description="The workflow."),
+        409: OpenApiResponse(description="A run of this workflow is still going; nothing was changed."),
+    })
     def put(self, request, workflow_id):
         workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
         document = services.document_clean(request.data)
