@@ -111,6 +111,34 @@ def url_problem(url: str) -> str | None:
     return None
 
 
+def literal_host_refusal(url: str, policy: Policy) -> str | None:
+    """Why `policy` refuses `url` whatever DNS answers, judged without a lookup: its host is an
+    IP literal in any spelling the resolver reads as one (127.0.0.1, 2130706433, 0x7f.1,
+    [::1]), `localhost` (RFC 6761: always loopback) or a metadata host name. None for every
+    other name, judged when fetched (resolve). From the URL and the policy alone, so saying it
+    tells nothing about the network."""
+    try:
+        host = httpx.URL(url).host
+    except (httpx.InvalidURL, TypeError):
+        return None
+    name = _normal_name(host)
+    if not name or name in policy.allowed_names:
+        return None
+    if name in METADATA_HOSTS:
+        return f"{host} is a cloud metadata host name"
+    if name == "localhost" or name.endswith(".localhost"):
+        refusal = address_refusal(ipaddress.ip_address("127.0.0.1"), policy)
+        return f"{host} is loopback" if refusal else None
+    try:
+        address: IPAddress = ipaddress.ip_address(name)
+    except ValueError:
+        try:  # the older IPv4 spellings getaddrinfo also reads as numbers (inet_aton's)
+            address = ipaddress.IPv4Address(socket.inet_aton(name))
+        except OSError:
+            return None
+    return address_refusal(address, policy)
+
+
 def address_refusal(address: IPAddress, policy: Policy) -> str | None:
     """Why `policy` refuses a connection to `address` (None: allowed)."""
     target = _reached_ipv4(address) or address

@@ -107,7 +107,8 @@ def test_acceptance_run_counts_results_and_lineage_in_the_prompt(
     assert LLMCall.objects.filter(team=team, purpose="workflow_inference", status="ok").count() == 2
 
 
-def test_a_failed_node_skips_its_downstream_only(team, django_capture_on_commit_callbacks):
+def test_a_failed_node_skips_its_downstream_only(team, settings, django_capture_on_commit_callbacks):
+    settings.WORKFLOW_HTTP_ALLOWED_HOSTS = ["127.0.0.1"]  # allowed, and nothing listens on port 9
     workflow = _create(team, {
         "name": "Two branches",
         "nodes": [

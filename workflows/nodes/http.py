@@ -13,12 +13,17 @@ from workflows.nodes.base import NodeError, NodeType, Param, Record, RunContext,
 logger = logging.getLogger(__name__)
 
 
+def _policy() -> netguard.Policy:
+    """The SSRF policy of the WORKFLOW_HTTP_* settings, read per call (tests and operators may
+    change them)."""
+    return netguard.Policy.build(settings.WORKFLOW_HTTP_ALLOWED_HOSTS,
+                                 allow_private=settings.WORKFLOW_HTTP_ALLOW_PRIVATE)
+
+
 def fetch_json(url: str, *, ctx: RunContext) -> Any:
-    """The JSON at `url`, fetched under the SSRF policy of the WORKFLOW_HTTP_* settings (read
-    per call, so tests and operators may change them) and its time and size limits."""
+    """The JSON at `url`, fetched under the SSRF policy and its time and size limits."""
     timeout, max_bytes = settings.WORKFLOW_HTTP_TIMEOUT_SECONDS, settings.WORKFLOW_HTTP_MAX_BYTES
-    policy = netguard.Policy.build(settings.WORKFLOW_HTTP_ALLOWED_HOSTS,
-                                   allow_private=settings.WORKFLOW_HTTP_ALLOW_PRIVATE)
+    policy = _policy()
     try:
         body = netguard.fetch(url, policy=policy, timeout=timeout, max_bytes=max_bytes,
                               headers={"Accept": "application/json"})
@@ -49,7 +54,15 @@ class HttpJson(NodeType):
 
     def check(self, config: dict) -> list[str]:
         problem = netguard.url_problem(config["url"])
-        return [f"'url' {problem}."] if problem else []
+        if problem:
+            return [f"'url' {problem}."]
+        # A literal address the policy refuses is refused on its node when saved, not at every
+        # run; a host name is judged when fetched (where DNS may answer anything).
+        refusal = netguard.literal_host_refusal(config["url"], _policy())
+        if refusal:
+            return [f"'url' cannot be fetched: {refusal}, which workflows may not reach "
+                    "(an operator can allow it with WORKFLOW_HTTP_ALLOWED_HOSTS)."]
+        return []
 
     def run(self, ctx: RunContext, config: dict, inputs: list[list[Record]]) -> list[Record]:
         data = fetch_json(config["url"], ctx=ctx)

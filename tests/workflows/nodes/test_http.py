@@ -28,9 +28,10 @@ SECRET = {"token": "s3cret-from-the-inside"}
 
 
 def fetch(url):
-    config = {"url": url}
-    assert validate_params(NODE_TYPES["http_json"], config) == []
-    return NODE_TYPES["http_json"].run(RunContext(), config, [])
+    # The run-time guard, on its own: saving already refuses a literal address the policy
+    # refuses (test_a_literal_address_is_refused_when_saved), but a node saved earlier, or under
+    # a policy an operator has since narrowed, still reaches the fetch.
+    return NODE_TYPES["http_json"].run(RunContext(), {"url": url}, [])
 
 
 def neutral(url, *, seconds=10, max_bytes=5 * 1024 * 1024):
@@ -241,10 +242,13 @@ def test_urls_with_credentials_or_other_schemes_are_refused_when_saved():
 
 
 @pytest.fixture
-def inside_workflow(api_client, server, django_capture_on_commit_callbacks):
+def inside_workflow(api_client, server, monkeypatch, django_capture_on_commit_callbacks):
+    # A name that resolves inside: saved (no lookup when saving), refused when fetched.
+    scripted_dns(monkeypatch, {"inside.example": [["127.0.0.1"]]})
+    url = f"http://inside.example:{server.port}/secret"
     document = {
         "name": "Peek inside",
-        "nodes": [{"id": "peek", "type": "http_json", "config": {"url": f"{server.base}/secret"}},
+        "nodes": [{"id": "peek", "type": "http_json", "config": {"url": url}},
                   {"id": "table", "type": "table_output"}],
         "edges": [{"source": "peek", "target": "table"}],
     }
@@ -254,7 +258,7 @@ def inside_workflow(api_client, server, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         ran = api_client.post(f"/api/v1/workflows/{workflow_id}/run/")
     assert ran.status_code == 202, ran.content
-    return workflow_id, ran.json()["run"], f"{server.base}/secret"
+    return workflow_id, ran.json()["run"], url
 
 
 def test_the_api_shows_only_the_neutral_error(api_client, server, inside_workflow):
@@ -278,6 +282,39 @@ def test_the_dashboard_inspector_shows_only_the_neutral_error(client, user, serv
         assert neutral(url)[:120] in body
         assert SECRET["token"] not in body and "loopback" not in body
     assert server.hits == []
+
+
+@pytest.mark.parametrize(("host", "refusal"), [
+    ("127.0.0.1", "127.0.0.1 is loopback"), ("2130706433", "127.0.0.1 is loopback"),
+    ("0x7f.1", "127.0.0.1 is loopback"), ("localhost", "localhost is loopback"), ("[::1]", "::1 is loopback"),
+    ("[::ffff:10.0.0.5]", "::ffff:a00:5 is private (it embeds 10.0.0.5)"), ("192.168.1.1", "192.168.1.1 is private"),
+    ("169.254.169.254", "169.254.169.254 is a cloud metadata address"),
+    ("metadata.google.internal", "metadata.google.internal is a cloud metadata host name"),
+])
+def test_a_literal_address_is_refused_when_saved(api_client, connections, host, refusal):
+    url = f"http://{host}/latest"
+    problems = validate_params(NODE_TYPES["http_json"], {"url": url})
+    assert problems == [f"'url' cannot be fetched: {refusal}, which workflows may not reach (an operator can "
+                        "allow it with WORKFLOW_HTTP_ALLOWED_HOSTS)."]
+
+    document = {"name": "Inside", "nodes": [{"id": "feed", "type": "http_json", "config": {"url": url}}], "edges": []}
+    error = assert_api_error(api_client.post("/api/v1/workflows/", document, format="json"), 400,
+                             code="invalid_workflow")
+    assert error["details"]["errors"] == [f"node 'feed' (http_json): {problems[0]}"]
+    assert connections == []  # judged from the text: no lookup, no connection
+
+
+def test_what_the_operator_allows_is_saved_and_names_are_judged_when_fetched(settings):
+    http_json = NODE_TYPES["http_json"]
+    settings.WORKFLOW_HTTP_ALLOWED_HOSTS = ["127.0.0.1", "10.0.0.0/8"]
+    assert validate_params(http_json, {"url": "http://127.0.0.1:8080/x"}) == []
+    assert validate_params(http_json, {"url": "http://10.2.3.4/x"}) == []
+    assert validate_params(http_json, {"url": "http://192.168.1.1/x"}) != []
+    settings.WORKFLOW_HTTP_ALLOWED_HOSTS = []
+    settings.WORKFLOW_HTTP_ALLOW_PRIVATE = True
+    assert validate_params(http_json, {"url": "http://192.168.1.1/x"}) == []
+    assert validate_params(http_json, {"url": "http://169.254.169.254/x"}) != []  # metadata still refused
+    assert validate_params(http_json, {"url": "http://intranet.example/x"}) == []  # no lookup when saved
 
 
 def test_the_api_refuses_credentials_in_a_url(api_client):
