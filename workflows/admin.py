@@ -14,8 +14,8 @@ class NodeInline(TeamScopedAdminMixin, admin.TabularInline):
 
 @admin.register(Workflow)
 class WorkflowAdmin(TeamScopedAdminMixin, admin.ModelAdmin):
-    list_display = ["id", "name", "team", "updated_at"]
-    list_filter = ["team"]
+    list_display = ["id", "name", "team", "updated_at", "archived_at"]
+    list_filter = ["team", ("archived_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "description"]
     inlines = [NodeInline]
 

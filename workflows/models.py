@@ -11,6 +11,8 @@ class Workflow(models.Model):
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Archived: left out of the lists unless asked for; kept whole, and it still runs.
+    archived_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["id"]

@@ -18,8 +18,12 @@ from workflows.nodes.base import config_fingerprint
 from workflows.nodes.registry import describe_step
 
 
-def workflow_list(*, team: Team) -> QuerySet[Workflow]:
-    return Workflow.objects.filter(team=team)
+def workflow_list(*, team: Team, archived: bool | None = None) -> QuerySet[Workflow]:
+    """The team's workflows: all, or only the archived (True) or the other ones (False)."""
+    workflows = Workflow.objects.filter(team=team)
+    if archived is not None:
+        workflows = workflows.filter(archived_at__isnull=not archived)
+    return workflows
 
 
 def workflow_get(*, team: Team, workflow_id: int) -> Workflow:

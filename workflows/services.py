@@ -29,7 +29,7 @@ EDGE_KEYS = {"source", "target", "source_handle", "target_handle", "kind"}
 DOCUMENT_KEYS = {"name", "description", "nodes", "edges"}
 # What GET /workflows/{id}/ adds to the document; accepted and ignored on import, so a
 # GET body can be posted back as it is.
-READ_ONLY_DOCUMENT_KEYS = {"id", "created_at", "updated_at", "last_run"}
+READ_ONLY_DOCUMENT_KEYS = {"id", "created_at", "updated_at", "archived_at", "last_run"}
 READ_ONLY_NODE_KEYS = {
     "status", "records_in", "records_out", "results_version", "config_fingerprint",
     "current_fingerprint", "error", "last_run_at", "description",
@@ -267,6 +267,26 @@ def workflow_update(*, workflow: Workflow, document: WorkflowDocument) -> Workfl
     workflow.name, workflow.description = document.name, document.description
     workflow.save(update_fields=["name", "description", "updated_at"])
     _write_graph(workflow=workflow, document=document)
+    return workflow
+
+
+COPY_PREFIX = "Copy of "
+
+
+@transaction.atomic
+def workflow_duplicate(*, workflow: Workflow) -> Workflow:
+    """A new workflow of the same team with the same nodes, settings, positions and edges,
+    named "Copy of …"; nothing of its runs or results (its nodes have never run)."""
+    document = workflow_export(workflow=workflow)
+    document["name"] = (COPY_PREFIX + workflow.name)[:200]
+    return workflow_create(team=workflow.team, document=document_clean(document))
+
+
+def workflow_archive(*, workflow: Workflow, archived: bool) -> Workflow:
+    """Archives (archived_at = now) or brings back a workflow; again changes nothing."""
+    if archived != (workflow.archived_at is not None):
+        workflow.archived_at = timezone.now() if archived else None
+        workflow.save(update_fields=["archived_at", "updated_at"])
     return workflow
 
 

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from kinsite.errors import KinsiteError
-from kinsite.views import team_required
+from kinsite.views import can_manage, managers_only, team_required
 from workflows import lineage, selectors, services
 from workflows.api.serializers import LINEAGE_MAX_CHARS_LIMIT
 from workflows.layout import layout_graph
@@ -34,14 +34,18 @@ ACTIVE_RUN_STATUSES = {WorkflowRun.Status.PENDING, WorkflowRun.Status.RUNNING}
 
 @team_required
 def workflow_list(request):
+    """The open workflows, or with ?archived=1 the archived ones."""
+    archived = request.GET.get("archived") == "1"
     last_run = WorkflowRun.objects.filter(workflow=OuterRef("pk")).order_by("-created_at", "-id")
     # One query for the page, however many workflows: counts and last run as subqueries.
-    workflows = selectors.workflow_list(team=request.team).annotate(
+    workflows = selectors.workflow_list(team=request.team, archived=archived).annotate(
         node_count=Count("nodes", distinct=True),
         last_run_status=Subquery(last_run.values("status")[:1]),
         last_run_at=Subquery(last_run.values("created_at")[:1]),
     )
-    return render(request, "workflows/workflow_list.html", {"workflows": workflows})
+    other_count = selectors.workflow_list(team=request.team, archived=not archived).count()
+    return render(request, "workflows/workflow_list.html",
+                  {"workflows": workflows, "archived": archived, "other_count": other_count})
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,34 @@ def workflow_detail(request, workflow_id: int):
     workflow = selectors.workflow_get(team=request.team, workflow_id=workflow_id)
     context = _detail_context(workflow)
     context["started"] = request.GET.get("started", "")
+    context["can_manage"] = can_manage(request)
     return render(request, "workflows/workflow_detail.html", context)
+
+
+@require_POST
+@team_required
+def workflow_duplicate(request, workflow_id: int):
+    """A copy of the workflow (owners and admins), opened at once."""
+    if not can_manage(request):
+        return managers_only("duplicate workflows")
+    workflow = selectors.workflow_get(team=request.team, workflow_id=workflow_id)
+    try:
+        copy = services.workflow_duplicate(workflow=workflow)
+    except KinsiteError as exc:  # a graph saved before a check it now fails: the reason, on the page
+        context = {**_detail_context(workflow), "can_manage": True, "run_error": exc.message}
+        return render(request, "workflows/workflow_detail.html", context, status=exc.status)
+    return redirect("dashboard:workflow_detail", copy.pk)
+
+
+@require_POST
+@team_required
+def workflow_archive(request, workflow_id: int):
+    """Archives the workflow, or with archived=0 brings it back (owners and admins)."""
+    if not can_manage(request):
+        return managers_only("archive workflows")
+    workflow = selectors.workflow_get(team=request.team, workflow_id=workflow_id)
+    services.workflow_archive(workflow=workflow, archived=request.POST.get("archived") != "0")
+    return redirect("dashboard:workflow_detail", workflow.pk)
 
 
 @require_POST

@@ -184,12 +184,14 @@ def example(fragment: dict):
 
 
 def base_body(operation: Operation) -> dict:
-    """A body the endpoint accepts: the required fields, or the first string field when
-    none is required (an empty PATCH may be refused for being empty)."""
+    """A body the endpoint accepts: the required fields, or the first string (else boolean)
+    field when none is required (an empty PATCH may be refused for being empty)."""
     schema = operation.body_schema
     body = example(schema)
     if not body:
-        name = next(name for name, prop in schema["properties"].items() if resolve(prop).get("type") == "string")
+        kinds = {name: resolve(prop).get("type") for name, prop in schema["properties"].items()}
+        name = next((n for n, kind in kinds.items() if kind == "string"), None) or next(
+            n for n, kind in kinds.items() if kind == "boolean")
         body[name] = example(schema["properties"][name])
     return body
 
@@ -255,7 +257,8 @@ def _form_sample(form_field) -> str:
     if isinstance(form_field, forms.BooleanField):
         return "on"
     if isinstance(form_field, forms.ChoiceField):
-        return str(next(value for value, _ in form_field.choices if value != ""))
+        # A model choice field lists its rows: a database without any (this test alone) gives an id.
+        return str(next((value for value, _ in form_field.choices if value != ""), 1))
     if isinstance(form_field, forms.IntegerField):
         return str(form_field.min_value or 1)
     return "Probe text"

@@ -18,7 +18,7 @@ class WorkflowSummarySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Workflow
-        fields = ["id", "name", "description", "node_count", "created_at", "updated_at"]
+        fields = ["id", "name", "description", "node_count", "created_at", "updated_at", "archived_at"]
         read_only_fields = fields
 
 
@@ -74,6 +74,8 @@ def workflow_detail(workflow: Workflow, *, last_run: WorkflowRun | None) -> dict
         **document,
         "created_at": serializers.DateTimeField().to_representation(workflow.created_at),
         "updated_at": serializers.DateTimeField().to_representation(workflow.updated_at),
+        "archived_at": serializers.DateTimeField().to_representation(workflow.archived_at)
+        if workflow.archived_at else None,
         "last_run": WorkflowRunSerializer(last_run).data if last_run is not None else None,
     }
 
@@ -90,6 +92,27 @@ class WorkflowDocumentSerializer(serializers.Serializer):
         child=serializers.DictField(),
         help_text="[{source, target, source_handle, target_handle, kind}]; kind: data (default) or control.",
     )
+
+
+class WorkflowListQuerySerializer(serializers.Serializer):
+    # Give it the query as a plain dict: from a QueryDict, DRF reads a missing boolean as false.
+    archived = serializers.BooleanField(
+        required=False, help_text="true: only archived workflows; false: only the others; not given: all.")
+
+
+class WorkflowArchiveSerializer(serializers.Serializer):
+    """PATCH /workflows/{id}/: archive or unarchive (the graph is replaced with PUT). Any other
+    key is refused, so a client that thinks it changed something learns it did not."""
+
+    archived = serializers.BooleanField(help_text="true: archive; false: unarchive.")
+
+    def validate(self, attrs):
+        given = self.initial_data if isinstance(self.initial_data, dict) else {}
+        unknown = sorted(set(given) - {"archived"})
+        if unknown:
+            raise serializers.ValidationError(
+                {name: ["A PATCH changes only archived; PUT replaces the document."] for name in unknown})
+        return attrs
 
 
 class LineageQuerySerializer(serializers.Serializer):

@@ -17,7 +17,9 @@ from kinsite.api.throttles import TokenRateThrottle
 from workflows import selectors, services
 from workflows.api.serializers import (
     LineageQuerySerializer,
+    WorkflowArchiveSerializer,
     WorkflowDocumentSerializer,
+    WorkflowListQuerySerializer,
     WorkflowRunSerializer,
     WorkflowSummarySerializer,
     workflow_detail,
@@ -50,14 +52,22 @@ class NodeTypeListView(APIView):
 
 
 class WorkflowListView(ListAPIView):
-    """The team's workflows, oldest first; POST imports one from its JSON document."""
+    """The team's workflows, oldest first (all unless ?archived= says which); POST imports one
+    from its JSON document."""
 
     serializer_class = WorkflowSummarySerializer
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Workflow.objects.none()
-        return selectors.workflow_list(team=request_team(self.request)).annotate(node_count=Count("nodes"))
+        params = WorkflowListQuerySerializer(data=self.request.query_params.dict())
+        params.is_valid(raise_exception=True)
+        return selectors.workflow_list(team=request_team(self.request), archived=params.validated_data.get(
+            "archived")).annotate(node_count=Count("nodes"))
+
+    @extend_schema(parameters=[WorkflowListQuerySerializer])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         request=WorkflowDocumentSerializer,
@@ -90,11 +100,27 @@ class WorkflowDetailView(APIView):
         workflow = services.workflow_update(workflow=workflow, document=document)
         return _detail_response(workflow)
 
+    @extend_schema(request=WorkflowArchiveSerializer, responses={200: OpenApiResponse(description="The workflow.")})
+    def patch(self, request, workflow_id):
+        workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
+        serializer = WorkflowArchiveSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.workflow_archive(workflow=workflow, archived=serializer.validated_data["archived"])
+        return _detail_response(workflow)
+
     @extend_schema(responses={204: None})
     def delete(self, request, workflow_id):
         workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
         services.workflow_delete(workflow=workflow)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class WorkflowDuplicateView(APIView):
+    @extend_schema(request=None, responses={201: OpenApiResponse(
+        description="The copy: same nodes, settings and edges, named 'Copy of …', never run.")})
+    def post(self, request, workflow_id):
+        workflow = selectors.workflow_get(team=request_team(request), workflow_id=workflow_id)
+        return _detail_response(services.workflow_duplicate(workflow=workflow), status_code=status.HTTP_201_CREATED)
 
 
 class WorkflowRunView(APIView):
