@@ -122,8 +122,11 @@ ENDPOINTS = [
         "workflow",
         body={"name": "Replaced", "nodes": [{"id": "src", "type": "inline_records", "config": {"records": []}}]},
     ),
+    Endpoint("PATCH", "workflows/{id}/", "workflow", body={"archived": True}),
     Endpoint("DELETE", "workflows/{id}/", "workflow"),
     Endpoint("POST", "workflows/{id}/run/", "workflow"),
+    Endpoint("POST", "workflows/{id}/duplicate/", "workflow"),
+    Endpoint("GET", "workflow-node-types/"),
     # Both placeholders get the workflow's id; the node part never matters (the workflow is checked first).
     Endpoint("GET", "workflows/{id}/nodes/{id}/lineage/", "workflow", query="format=narrative"),
     Endpoint("GET", "erasures/"),
