@@ -50,10 +50,10 @@ from sessions_app.models import Session
 from sessions_app.turns import services as turns
 from sessions_app.turns.preview import prompt_preview as session_prompt_preview
 from workflows import services as workflow_services
-from workflows.api.serializers import LineageQuerySerializer, WorkflowRunSerializer, workflow_detail
+from workflows.api.serializers import LineageQuerySerializer, WorkflowRunSerializer, workflow_detail_current
 from workflows.models import Workflow, WorkflowRun
 from workflows.nodes.registry import node_types_described
-from workflows.selectors import node_get, node_lineage, node_lineage_export, workflow_get, workflow_last_run
+from workflows.selectors import node_get, node_lineage, node_lineage_export, workflow_get
 
 # --- the caller's rows ------------------------------------------------------------------------
 # Http404 becomes a message naming what was asked for, and nothing more (as the API's 404).
@@ -291,8 +291,7 @@ def workflow_save(caller: TokenPrincipal, *, document: Any, workflow_id: int | N
         workflow = workflow_services.workflow_create(team=caller.team, document=clean)
     else:
         workflow = workflow_services.workflow_update(workflow=workflow, document=clean)
-    workflow = Workflow.objects.get(pk=workflow.pk)
-    return workflow_detail(workflow, last_run=workflow_last_run(workflow=workflow))
+    return workflow_detail_current(workflow)
 
 
 def workflow_run(caller: TokenPrincipal, *, workflow_id: int) -> dict[str, Any]:

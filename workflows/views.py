@@ -37,7 +37,8 @@ def workflow_list(request):
     """The open workflows, or with ?archived=1 the archived ones."""
     archived = request.GET.get("archived") == "1"
     last_run = WorkflowRun.objects.filter(workflow=OuterRef("pk")).order_by("-created_at", "-id")
-    # One query for the page, however many workflows: counts and last run as subqueries.
+    # One query for the rows, however many workflows (counts and last run as subqueries), and one
+    # for the count of the other list.
     workflows = selectors.workflow_list(team=request.team, archived=archived).annotate(
         node_count=Count("nodes", distinct=True),
         last_run_status=Subquery(last_run.values("status")[:1]),

@@ -7,6 +7,7 @@ from rest_framework import serializers
 from workflows.models import Node, NodeRun, Workflow, WorkflowRun
 from workflows.nodes.base import config_fingerprint
 from workflows.nodes.registry import describe
+from workflows.selectors import workflow_last_run
 from workflows.services import DESCRIPTION_MAX_CHARS, workflow_export
 
 LINEAGE_FORMATS = ["json", "narrative", "prov", "openlineage"]
@@ -61,6 +62,12 @@ def node_state(node: Node) -> dict:
             node.type, node.config, label=node.label, records_in=node.records_in, records_out=node.records_out
         ),
     }
+
+
+def workflow_detail_current(workflow: Workflow) -> dict:
+    """workflow_detail of the workflow as stored now (a run or an edit may have changed it)."""
+    workflow = Workflow.objects.get(pk=workflow.pk)
+    return workflow_detail(workflow, last_run=workflow_last_run(workflow=workflow))
 
 
 def workflow_detail(workflow: Workflow, *, last_run: WorkflowRun | None) -> dict:

@@ -22,7 +22,7 @@ from workflows.api.serializers import (
     WorkflowListQuerySerializer,
     WorkflowRunSerializer,
     WorkflowSummarySerializer,
-    workflow_detail,
+    workflow_detail_current,
 )
 from workflows.models import Workflow, WorkflowRun
 from workflows.nodes.registry import node_types_described
@@ -30,9 +30,7 @@ from workflows.selectors import node_lineage, node_lineage_export
 
 
 def _detail_response(workflow: Workflow, *, status_code: int = status.HTTP_200_OK) -> Response:
-    workflow = Workflow.objects.get(pk=workflow.pk)  # fresh: a run may have changed it
-    return Response(workflow_detail(workflow, last_run=selectors.workflow_last_run(workflow=workflow)),
-                    status=status_code)
+    return Response(workflow_detail_current(workflow), status=status_code)
 
 
 class NodeTypeListView(APIView):

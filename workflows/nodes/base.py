@@ -30,8 +30,8 @@ class Param:
     validate_params; `default` is what the runner uses when it is absent; `schema` adds JSON
     Schema keywords (the shape of a list's items, lengths) that check() enforces; `widget`
     tells the dashboard's form which editor fits ("field" picks a field of the upstream
-    records, "fields" several, "prompt", "csv", "conditions", "url"); a `derived` key is
-    written by the node itself, never by the user."""
+    records, "fields" several, "prompt", "csv", "conditions", "url"). A key of
+    DERIVED_CONFIG_KEYS is written by the node itself: its schema says readOnly."""
 
     kind: type | tuple[type, ...]
     required: bool = False
@@ -40,7 +40,6 @@ class Param:
     default: Any = None
     schema: dict[str, Any] = field(default_factory=dict)
     widget: str = ""
-    derived: bool = False
 
 
 @dataclass
@@ -120,8 +119,8 @@ _KIND_NAMES = {
 _JSON_TYPES = {str: "string", int: "integer", float: "number", list: "array", dict: "object", bool: "boolean"}
 
 
-def param_schema(param: Param) -> dict[str, Any]:
-    """The JSON Schema of one parameter."""
+def param_schema(name: str, param: Param) -> dict[str, Any]:
+    """The JSON Schema of parameter `name`."""
     kinds = param.kind if isinstance(param.kind, tuple) else (param.kind,)
     types = [_JSON_TYPES[kind] for kind in kinds]
     if "integer" in types and "number" in types:
@@ -135,7 +134,7 @@ def param_schema(param: Param) -> dict[str, Any]:
         schema["default"] = param.default
     if param.widget:
         schema["x-widget"] = param.widget
-    if param.derived:
+    if name in DERIVED_CONFIG_KEYS:
         schema["readOnly"] = True
     return {**schema, **param.schema}
 
@@ -147,7 +146,7 @@ def config_schema(node_type: NodeType) -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",
-        "properties": {name: param_schema(param) for name, param in node_type.params.items()},
+        "properties": {name: param_schema(name, param) for name, param in node_type.params.items()},
         "required": [name for name, param in node_type.params.items() if param.required],
         "additionalProperties": False,
     }

@@ -199,7 +199,7 @@ class LlmSmartFilter(NodeType):
                    "the records that meet them.")
     params = {
         "instruction": Param(str, required=True, doc="what to keep, in plain language"),
-        "generated": Param(dict, doc="the conditions the model wrote for the instruction", derived=True),
+        "generated": Param(dict, doc="the conditions the model wrote for the instruction"),
     }
 
     def check(self, config: dict) -> list[str]:
